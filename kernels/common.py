@@ -1,0 +1,66 @@
+"""Helpers shared by the pure-JAX linear-attention forms: segments, log-decay sums, layout.
+
+Internally every form works head-major, (B, H, T, dim), in float32; `ops.py` converts from
+and to the public (B, T, H, dim) layout and the input dtype.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+# float32 matmuls at full precision (GPUs otherwise may use TF32 and lose ~3 digits).
+PRECISION = jax.lax.Precision.HIGHEST
+NEG_INF = -jnp.inf
+
+
+def einsum(spec: str, *operands):
+    return jnp.einsum(spec, *operands, precision=PRECISION)
+
+
+def run_ids(segment_ids, batch: int, length: int):
+    """Index of the run of equal segment ids each position belongs to, (B, T) int32.
+
+    A linear state restarts wherever the id differs from the previous position's, so two
+    runs that happen to share an id are still separate documents. The first run is 0; an
+    initial state belongs to run 0 only.
+    """
+    if segment_ids is None:
+        return jnp.zeros((batch, length), jnp.int32)
+    seg = jnp.asarray(segment_ids)
+    change = (seg[:, 1:] != seg[:, :-1]).astype(jnp.int32)
+    return jnp.concatenate(
+        [jnp.zeros((batch, 1), jnp.int32), jnp.cumsum(change, axis=1, dtype=jnp.int32)], axis=1)
+
+
+def segsum(g):
+    """L[..., t, s] = sum of g[..., r] for s < r <= t (0 on and above the diagonal).
+
+    Summing only the terms inside (s, t] rather than subtracting two cumulative sums keeps
+    exp(L) accurate when a very negative log-decay sits elsewhere in the sequence.
+    """
+    c = g.shape[-1]
+    strictly_lower = jnp.tril(jnp.ones((c, c), bool), -1)
+    x = jnp.where(strictly_lower, g[..., :, None], 0.0)  # x[t', s] = g_t' for t' > s
+    return jnp.cumsum(x, axis=-2)
+
+
+def suffix_sum_exclusive(g):
+    """out[..., s] = sum of g[..., r] for r > s (a direct sum, not a difference)."""
+    rev = jnp.cumsum(jnp.flip(g[..., 1:], axis=-1), axis=-1)
+    return jnp.concatenate([jnp.flip(rev, axis=-1), jnp.zeros_like(g[..., :1])], axis=-1)
+
+
+def masked_exp(mask, x):
+    """exp(x) where mask holds, exactly 0 elsewhere; masking happens before exp, so neither
+    the forward nor the backward pass sees inf * 0."""
+    return jnp.exp(jnp.where(mask, x, NEG_INF))
+
+
+def to_heads_first(x):
+    """(B, T, H, ...) -> (B, H, T, ...)."""
+    return jnp.moveaxis(x, 2, 1)
+
+
+def to_time_second(x):
+    """(B, H, T, ...) -> (B, T, H, ...)."""
+    return jnp.moveaxis(x, 1, 2)

@@ -1,0 +1,253 @@
+"""The one dispatcher for the sequence-mixing ops (see docs/INTERFACES.md).
+
+Public layout (batch, time, heads, dim). Linear ops keep states and sums in float32 whatever
+the input dtype and return outputs in the input dtype. `impl` picks the form:
+  "parallel"  masked quadratic (O(T^2), the simplest oracle)
+  "recurrent" token-by-token lax.scan (never builds T x T)
+  "chunk"     pure-JAX chunkwise, scan over chunks with jax.checkpoint
+  "pallas"    kernels.pallas (GPU/TPU), no segment_ids
+  "auto"      pallas on GPU/TPU when it applies, else chunk
+"""
+from __future__ import annotations
+
+import importlib
+
+import jax
+import jax.numpy as jnp
+
+from kernels import chunk as _chunk
+from kernels import recurrent as _rec
+from kernels.attention import (attend_to_cache, ring_buffer_mask, sliding_window_attention,
+                               softmax_attention)
+from kernels.common import run_ids, to_heads_first, to_time_second
+
+__all__ = ["linear_attention", "gated_delta_rule", "softmax_attention",
+           "sliding_window_attention", "attend_to_cache", "ring_buffer_mask", "IMPLS"]
+
+IMPLS = ("auto", "parallel", "recurrent", "chunk", "pallas")
+
+
+# ----------------------------------------------------------------------------- dispatch
+
+def _pallas_module():
+    """kernels.pallas, or None when it is absent or does not import here."""
+    try:
+        return importlib.import_module("kernels.pallas")
+    except ImportError:
+        return None
+
+
+def _resolve_impl(impl, segment_ids, op):
+    if impl not in IMPLS:
+        raise ValueError(f"{op}: unknown impl {impl!r}; valid: {', '.join(IMPLS)}")
+    if impl == "pallas" and segment_ids is not None:
+        raise ValueError(f"{op}: impl='pallas' does not support segment_ids; use "
+                         f"impl='chunk' (or 'auto') for packed sequences")
+    if impl == "auto":
+        if (jax.default_backend() in ("gpu", "tpu") and segment_ids is None
+                and _pallas_module() is not None):
+            return "pallas?"  # pallas, falling back to chunk where it is not implemented
+        return "chunk"
+    return impl
+
+
+def _call_pallas(name, fallback, *args, **kwargs):
+    """Run kernels.pallas.<name>; with fallback (impl="auto"), use chunk where the kernel
+    raises NotImplementedError."""
+    mod = _pallas_module()
+    if mod is None:
+        raise ImportError("impl='pallas' needs kernels.pallas, which failed to import; use "
+                          "impl='chunk'")
+    try:
+        return getattr(mod, name)(*args, **kwargs)
+    except NotImplementedError:
+        if fallback is None:
+            raise
+        return fallback()
+
+
+# ----------------------------------------------------------------------------- validation
+
+def _compute_dtype(dtype):
+    """float32 for float32/bf16/fp16 inputs; float64 inputs (x64 test oracles) stay float64."""
+    return jnp.promote_types(dtype, jnp.float32)
+
+
+def _check_linear_inputs(op, q, k, v):
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if jnp.ndim(x) != 4:
+            raise ValueError(f"{op}: {name} must be (batch, time, heads, dim), got shape "
+                             f"{jnp.shape(x)}")
+    if q.shape != k.shape:
+        raise ValueError(f"{op}: q {q.shape} and k {k.shape} must have the same shape "
+                         f"(same feature dim F: feature-map both the same way)")
+    if v.shape[:3] != q.shape[:3]:
+        raise ValueError(f"{op}: v {v.shape} must agree with q {q.shape} on (batch, time, "
+                         f"heads)")
+
+
+def _check_per_token(op, name, x, bth):
+    if jnp.shape(x) != bth:
+        raise ValueError(f"{op}: {name} must have shape (batch, time, heads) = {bth}, got "
+                         f"{jnp.shape(x)}")
+
+
+def _check_segments(op, segment_ids, bt):
+    if segment_ids is not None and jnp.shape(segment_ids) != bt:
+        raise ValueError(f"{op}: segment_ids must have shape (batch, time) = {bt}, got "
+                         f"{jnp.shape(segment_ids)}")
+
+
+def _check_chunk_size(op, chunk_size):
+    if not isinstance(chunk_size, int) or chunk_size < 1:
+        raise ValueError(f"{op}: chunk_size must be a positive int, got {chunk_size!r}")
+
+
+def _check_state(op, name, x, shape):
+    if jnp.shape(x) != shape:
+        raise ValueError(f"{op}: {name} must have shape {shape}, got {jnp.shape(x)}")
+
+
+# ----------------------------------------------------------------------------- linear attention
+
+def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None, segment_ids=None,
+                     initial_state=None, return_state=False, impl="auto", chunk_size=64):
+    """Causal (decayed) linear attention; q and k are already feature-mapped.
+
+    S_t = exp(g_t) S_{t-1} + k_t v_t^T,  z_t = exp(g_t) z_{t-1} + k_t,
+    o_t = S_t^T q_t / (z_t^T q_t + eps)   (normalize=True)   or   S_t^T q_t.
+    q, k: (B,T,H,F); v: (B,T,H,Dv); log_decay g: None, (H,) or (B,T,H), values <= 0.
+    State: S (B,H,F,Dv) float32, or (S, z) with z (B,H,F) when normalize=True.
+    Returns o (B,T,H,Dv) in the input dtype, or (o, state) with return_state=True.
+    """
+    op = "linear_attention"
+    _check_linear_inputs(op, q, k, v)
+    _check_segments(op, segment_ids, q.shape[:2])
+    _check_chunk_size(op, chunk_size)
+    b, t, h, f = q.shape
+    dv = v.shape[-1]
+    out_dtype = jnp.result_type(q, k, v)
+    if log_decay is not None:
+        log_decay = jnp.asarray(log_decay)
+        if log_decay.shape == (h,):
+            log_decay = jnp.broadcast_to(log_decay, (b, t, h))
+        elif log_decay.shape != (b, t, h):
+            raise ValueError(f"{op}: log_decay must have shape (heads,) = ({h},) or (batch, "
+                             f"time, heads) = {(b, t, h)}, got {log_decay.shape}")
+    if initial_state is not None:
+        if normalize:
+            if not (isinstance(initial_state, (tuple, list)) and len(initial_state) == 2):
+                raise ValueError(f"{op}: with normalize=True initial_state must be the pair "
+                                 f"(S (B,H,F,Dv), z (B,H,F)) returned by return_state=True")
+            _check_state(op, "initial_state S", initial_state[0], (b, h, f, dv))
+            _check_state(op, "initial_state z", initial_state[1], (b, h, f))
+        else:
+            _check_state(op, "initial_state", initial_state, (b, h, f, dv))
+
+    resolved = _resolve_impl(impl, segment_ids, op)
+
+    def pure_jax(form):
+        return _linear_attention_jax(q, k, v, normalize, eps, log_decay, segment_ids,
+                                     initial_state, form, chunk_size, out_dtype)
+
+    if resolved in ("pallas", "pallas?"):
+        fallback = (lambda: pure_jax("chunk")) if resolved == "pallas?" else None
+        res = _call_pallas("linear_attention", fallback, q, k, v, normalize=normalize, eps=eps,
+                           log_decay=log_decay, initial_state=initial_state,
+                           return_state=True, chunk_size=chunk_size)
+    else:
+        res = pure_jax(resolved)
+    return res if return_state else res[0]
+
+
+def _linear_attention_jax(q, k, v, normalize, eps, log_decay, segment_ids, initial_state,
+                          form, chunk_size, out_dtype):
+    b, t, h, f = q.shape
+    dv = v.shape[-1]
+    cdt = _compute_dtype(out_dtype)
+    qh, kh, vh = (to_heads_first(x.astype(cdt)) for x in (q, k, v))
+    g = (jnp.zeros((b, h, t), cdt) if log_decay is None
+         else jnp.moveaxis(log_decay.astype(cdt), 1, 2))
+    run = run_ids(segment_ids, b, t)
+
+    # The normaliser z is the state of an extra value column of ones.
+    if normalize:
+        vh = jnp.concatenate([vh, jnp.ones(vh.shape[:-1] + (1,), cdt)], axis=-1)
+    if initial_state is None:
+        state = jnp.zeros((b, h, f, vh.shape[-1]), cdt)
+    elif normalize:
+        s0, z0 = initial_state
+        state = jnp.concatenate([jnp.asarray(s0, cdt),
+                                 jnp.asarray(z0, cdt)[..., None]], axis=-1)
+    else:
+        state = jnp.asarray(initial_state, cdt)
+
+    if form == "parallel":
+        o, state = _chunk.linear_attention_parallel(qh, kh, vh, g, run, state)
+    elif form == "recurrent":
+        o, state = _rec.linear_attention_recurrent(qh, kh, vh, g, run, state)
+    else:
+        o, state = _chunk.linear_attention_chunk(qh, kh, vh, g, run, state, chunk_size)
+
+    if normalize:
+        o = o[..., :dv] / (o[..., dv:] + eps)
+        state = (state[..., :dv], state[..., dv])
+    return to_time_second(o).astype(out_dtype), state
+
+
+# ----------------------------------------------------------------------------- gated delta rule
+
+def gated_delta_rule(q, k, v, log_alpha, beta, *, segment_ids=None, initial_state=None,
+                     return_state=False, impl="auto", chunk_size=64):
+    """Gated delta rule: S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,
+    o_t = S_t^T q_t, alpha_t = exp(log_alpha_t).
+
+    q, k: (B,T,H,K); v: (B,T,H,V); log_alpha, beta: (B,T,H); state S (B,H,K,V) float32.
+    No normaliser and no scaling inside (the caller scales q and normalises k).
+    log_alpha = 0 gives the plain delta rule.
+    """
+    op = "gated_delta_rule"
+    _check_linear_inputs(op, q, k, v)
+    _check_per_token(op, "log_alpha", log_alpha, q.shape[:3])
+    _check_per_token(op, "beta", beta, q.shape[:3])
+    _check_segments(op, segment_ids, q.shape[:2])
+    _check_chunk_size(op, chunk_size)
+    b, t, h, f = q.shape
+    dv = v.shape[-1]
+    if initial_state is not None:
+        _check_state(op, "initial_state", initial_state, (b, h, f, dv))
+    out_dtype = jnp.result_type(q, k, v)
+    resolved = _resolve_impl(impl, segment_ids, op)
+
+    def pure_jax(form):
+        return _gated_delta_jax(q, k, v, log_alpha, beta, segment_ids, initial_state, form,
+                                chunk_size, out_dtype)
+
+    if resolved in ("pallas", "pallas?"):
+        fallback = (lambda: pure_jax("chunk")) if resolved == "pallas?" else None
+        res = _call_pallas("gated_delta_rule", fallback, q, k, v, log_alpha, beta,
+                           initial_state=initial_state, return_state=True,
+                           chunk_size=chunk_size)
+    else:
+        res = pure_jax(resolved)
+    return res if return_state else res[0]
+
+
+def _gated_delta_jax(q, k, v, log_alpha, beta, segment_ids, initial_state, form, chunk_size,
+                     out_dtype):
+    b, t, h, f = q.shape
+    dv = v.shape[-1]
+    cdt = _compute_dtype(out_dtype)
+    qh, kh, vh = (to_heads_first(x.astype(cdt)) for x in (q, k, v))
+    g = jnp.moveaxis(jnp.asarray(log_alpha, cdt), 1, 2)
+    bt = jnp.moveaxis(jnp.asarray(beta, cdt), 1, 2)
+    run = run_ids(segment_ids, b, t)
+    state = (jnp.zeros((b, h, f, dv), cdt) if initial_state is None
+             else jnp.asarray(initial_state, cdt))
+    if form == "parallel":
+        o, state = _chunk.gated_delta_parallel(qh, kh, vh, g, bt, run, state)
+    elif form == "recurrent":
+        o, state = _rec.gated_delta_recurrent(qh, kh, vh, g, bt, run, state)
+    else:
+        o, state = _chunk.gated_delta_chunk(qh, kh, vh, g, bt, run, state, chunk_size)
+    return to_time_second(o).astype(out_dtype), state
