@@ -1,0 +1,88 @@
+"""Data for training and evaluation: `data.build(cfg_data, seed=...) -> Dataset`.
+
+Every Dataset has `vocab_size`, `tokenizer` (encode/decode/to_config),
+`batch(step, batch_size, split="train")` -> dict of NumPy arrays
+(`inputs`, `targets` (B,T) int32, `mask` (B,T) float32, `segment_ids` (B,T) int32),
+a pure function of (seed, step, split), and `eval_batches(batch_size, num_batches)`
+over the held-out split. NumPy only: no jax, and `datasets` / `tensorflow_datasets` /
+`sentencepiece` are imported only by the code paths that need them.
+
+Config keys (`cfg_data` is any Mapping: a dict or an ml_collections ConfigDict;
+a key set to None counts as unset). Defaults in brackets.
+
+Common
+  source          files | hf | tfds | mqar | niah | mixture            [files]
+  seq_len         tokens per row (inputs and targets)                  [256; mqar 64]
+
+Text (files, hf, tfds)
+  files           path, glob, or list of them (source=files)
+  sample_by       document | paragraph | line: one document per ...   [document]
+  cache_dir       `datasets` cache directory                           [HF default]
+  name            hub dataset name (hf) or TFDS name (tfds)
+  subset          hub dataset configuration name (hf)                  [None]
+  split           source split to read                                 [train]
+  val_split       a separate source split (or file set) held out       [None: use val_fraction]
+  text_field      field holding the text (hf, tfds)                    [text]
+  max_documents   documents to take (hf streaming; tfds)               [hf 10000; tfds all]
+  data_dir        TFDS data directory                                  [TFDS default]
+  tokenizer       byte | char | sentencepiece | a Hugging Face name    [byte]
+  tokenizer_dir   where char_vocab.json / the SentencePiece model live [None]
+  vocab_size      SentencePiece vocabulary size (tokenizer=sentencepiece)
+  val_fraction    last fraction of the token stream held out           [0.1]
+  packing         random_windows (nanoGPT) | rows (stride seq_len,
+                  a fresh permutation per epoch)                       [random_windows]
+  An end-of-document id (after the tokenizer's vocabulary) is added whenever
+  documents meet in a row: packing=rows, or more than one document.
+
+MQAR (source=mqar; Zoology's layout, see data/mqar.py)
+  vocab_size      task vocabulary (keys [1,V/2), values [V/2,V))       [8192]
+  num_kv_pairs    key-value pairs per example                          [4]
+  power_a         query-gap power law exponent                         [0.01]
+  random_non_queries  fill with random tokens instead of 0             [False]
+
+NIAH (source=niah; see data/niah.py)
+  niah_kind       passkey | multikey                                   [passkey]
+  niah_depths     depths to sample from, fractions in [0,1]            [None: uniform]
+  num_keys        needles in a multikey haystack                       [4]
+  key_vocab       reserved key ids (multikey)                          [64]
+  num_digits      digits in the answer                                 [5]
+  files / name    text for the haystack (tokenised with `tokenizer`)   [None: random filler]
+  filler_vocab    random filler ids drawn from [0, filler_vocab)       [tokenizer vocab]
+
+Mixture (source=mixture; see data/mixture.py)
+  components      list of sub-configs each with a `weight`, or a dict
+                  name -> sub-config; sub-configs inherit the top-level
+                  keys (seq_len, tokenizer, ...) they do not set.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+from data.base import BATCH_KEYS, Dataset, cfg_get
+
+SOURCES = ("files", "hf", "tfds", "mqar", "niah", "mixture")
+
+
+def build(cfg_data: Mapping, *, seed: int, tokenizer=None, vocab_offset: int = 0) -> Dataset:
+    """The Dataset that `cfg_data.source` names.
+
+    `tokenizer` and `vocab_offset` are for mixtures: text components share one
+    tokenizer, and each synthetic task gets its own id range after the text's.
+    """
+    source = cfg_get(cfg_data, "source", "files")
+    if source in ("files", "hf", "tfds"):
+        from data.text import TextDataset
+        return TextDataset(cfg_data, seed=seed, tokenizer=tokenizer)
+    if source == "mqar":
+        from data.mqar import MQARDataset
+        return MQARDataset(cfg_data, seed=seed, vocab_offset=vocab_offset)
+    if source == "niah":
+        from data.niah import NIAHDataset
+        return NIAHDataset(cfg_data, seed=seed, tokenizer=tokenizer, vocab_offset=vocab_offset)
+    if source == "mixture":
+        from data.mixture import MixtureDataset
+        return MixtureDataset(cfg_data, seed=seed)
+    raise ValueError(f"unknown data.source {source!r}; valid sources: {', '.join(SOURCES)}")
+
+
+__all__ = ["build", "Dataset", "SOURCES", "BATCH_KEYS"]

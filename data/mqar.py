@@ -1,0 +1,119 @@
+"""Multi-query associative recall (MQAR), generated as Zoology does.
+
+Layout of one example (HazyResearch/zoology `zoology/data/multiquery_ar.py`), with
+V = vocab_size, n = num_kv_pairs, C = 2n the context length:
+
+    inputs:  k1 v1 k2 v2 ... kn vn | 0 0 k3 0 0 0 k1 0 ...   (seq_len tokens)
+    targets: next tokens, except at a query key, whose target is that key's value
+    mask:    1 at the n query positions, 0 elsewhere (Zoology's -100 labels)
+
+Keys are drawn without replacement from [1, V/2), values from [V/2, V). Each key is
+queried exactly once after the context, at position C + 2 g with the gap index g in
+[0, S), S = (seq_len - C) / 2, drawn without replacement with p(g) ~ (g + 1)^(a - 1)
+(a power law: recent keys are queried more often). As in Zoology the value is not
+written into the inputs after its query key: only the target carries it. Filler is
+token 0 (Zoology's `random_non_queries=True` replaces it with uniform random tokens).
+
+Passing an `np.random.RandomState(seed)` reproduces Zoology's draws call for call;
+an `np.random.Generator` (what datasets use) gives the same distribution.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from data import packing
+from data.base import Dataset, cfg_get
+from data.order import step_rng
+from data.tokenizers import IntegerTokenizer
+
+
+def gap_probabilities(space: int, power_a: float = 0.01) -> np.ndarray:
+    """p(g) for g = 0..space-1, proportional to (g + 1)^(a - 1), as Zoology computes it."""
+    p = power_a * np.arange(1, space + 1, dtype=np.float64) ** (power_a - 1)
+    return p / p.sum()
+
+
+def _as_rng(rng_or_seed):
+    if isinstance(rng_or_seed, (np.random.Generator, np.random.RandomState)):
+        return rng_or_seed
+    return np.random.default_rng(rng_or_seed)
+
+
+def check_shape(seq_len: int, num_kv_pairs: int, vocab_size: int) -> None:
+    if seq_len % 2:
+        raise ValueError(f"MQAR seq_len must be even (key/query slots are pairs), got {seq_len}")
+    if num_kv_pairs < 1:
+        raise ValueError(f"MQAR num_kv_pairs must be >= 1, got {num_kv_pairs}")
+    if 4 * num_kv_pairs > seq_len:
+        raise ValueError(f"MQAR needs seq_len >= 4 * num_kv_pairs (context plus one query "
+                         f"slot per key); got seq_len={seq_len}, num_kv_pairs={num_kv_pairs}")
+    if vocab_size <= seq_len:
+        raise ValueError(f"MQAR vocab_size ({vocab_size}) must exceed seq_len ({seq_len}), as in Zoology")
+    if num_kv_pairs > vocab_size // 2 - 1:
+        raise ValueError(f"MQAR vocab_size {vocab_size} has only {vocab_size // 2 - 1} keys "
+                         f"for num_kv_pairs={num_kv_pairs}")
+
+
+def generate(rng_or_seed, num_examples: int, seq_len: int, num_kv_pairs: int,
+             vocab_size: int = 8192, power_a: float = 0.01,
+             random_non_queries: bool = False) -> dict:
+    """MQAR examples: dict(inputs (N,T) int32, targets (N,T) int32, mask (N,T) float32)."""
+    check_shape(seq_len, num_kv_pairs, vocab_size)
+    rng = _as_rng(rng_or_seed)
+    n, N = num_kv_pairs, num_examples
+    context = 2 * n
+    half = vocab_size // 2
+    key_choices = np.arange(1, half)
+    value_choices = np.arange(half, vocab_size)
+    # Same call order as Zoology: all keys, then all values, then all gaps.
+    keys = np.stack([rng.choice(key_choices, size=n, replace=False) for _ in range(N)]) \
+        if N else np.zeros((0, n), np.int64)
+    values = np.stack([rng.choice(value_choices, size=n, replace=False) for _ in range(N)]) \
+        if N else np.zeros((0, n), np.int64)
+    space = (seq_len - context) // 2
+    p = gap_probabilities(space, power_a)
+    gaps = np.stack([rng.choice(np.arange(space), size=n, replace=False, p=p) for _ in range(N)]) \
+        if N else np.zeros((0, n), np.int64)
+
+    # seq_len + 1 tokens, so inputs and next-token targets are both seq_len long.
+    seq = np.zeros((N, seq_len + 1), np.int64)
+    seq[:, 0:context:2] = keys
+    seq[:, 1:context:2] = values
+    query_pos = context + 2 * gaps
+    np.put_along_axis(seq, query_pos, keys, axis=1)
+    if random_non_queries:
+        filler = seq == 0
+        seq[filler] = rng.integers(vocab_size, size=int(filler.sum()))
+    inputs = seq[:, :-1]
+    targets = seq[:, 1:].copy()
+    np.put_along_axis(targets, query_pos, values, axis=1)
+    mask = np.zeros((N, seq_len), np.float32)
+    np.put_along_axis(mask, query_pos, 1.0, axis=1)
+    return {"inputs": inputs.astype(np.int32), "targets": targets.astype(np.int32),
+            "mask": mask}
+
+
+class MQARDataset(Dataset):
+    """Fresh MQAR examples every step, from rng([seed, step]); held-out set from a
+    separate stream. `vocab_offset` shifts every id (used inside mixtures)."""
+
+    def __init__(self, cfg: Mapping, *, seed: int, vocab_offset: int = 0):
+        self.seed = int(seed)
+        self.seq_len = int(cfg_get(cfg, "seq_len", 64))
+        self.num_kv_pairs = int(cfg_get(cfg, "num_kv_pairs", 4))
+        self.task_vocab = int(cfg_get(cfg, "mqar_vocab_size", cfg_get(cfg, "vocab_size", 8192)))
+        self.power_a = float(cfg_get(cfg, "power_a", 0.01))
+        self.random_non_queries = bool(cfg_get(cfg, "random_non_queries", False))
+        self.vocab_offset = int(vocab_offset)
+        check_shape(self.seq_len, self.num_kv_pairs, self.task_vocab)
+        self.tokenizer = IntegerTokenizer(self.vocab_offset + self.task_vocab)
+
+    def _batch(self, step: int, batch_size: int, split: str) -> dict:
+        out = generate(step_rng(self.seed, step, split), batch_size, self.seq_len,
+                       self.num_kv_pairs, self.task_vocab, self.power_a,
+                       self.random_non_queries)
+        inputs = out["inputs"] + self.vocab_offset
+        targets = out["targets"] + self.vocab_offset
+        return packing.make_batch(inputs, targets, None, out["mask"])

@@ -1,0 +1,37 @@
+"""Deterministic randomness: every batch is a pure function of (seed, step, split).
+
+No iterator state is kept anywhere, so resuming at step N replays exactly the batches
+an uninterrupted run would have seen (Levanter's rule).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+# A second, disjoint stream for held-out data: SeedSequence entropy of a different
+# length and value never collides with the training stream [seed, step].
+EVAL_STREAM = 0x5EED_E7A1
+SPLITS = ("train", "val")
+_ALIASES = {"train": "train", "val": "val", "valid": "val", "validation": "val",
+            "eval": "val", "test": "val"}
+
+
+def canonical_split(split: str) -> str:
+    try:
+        return _ALIASES[split]
+    except KeyError:
+        raise ValueError(f"unknown split {split!r}; use 'train' or 'val'") from None
+
+
+def step_rng(seed: int, step: int, split: str = "train", *extra: int) -> np.random.Generator:
+    """The generator for batch `step` of `split`: rng([seed, step]) for training."""
+    if step < 0:
+        raise ValueError(f"step must be >= 0, got {step}")
+    key = [int(seed), int(step)]
+    if canonical_split(split) == "val":
+        key.append(EVAL_STREAM)
+    return np.random.default_rng(key + [int(e) for e in extra])
+
+
+def derive_seed(seed: int, *path: int) -> int:
+    """A child seed for a sub-dataset (e.g. a mixture component)."""
+    return int(np.random.SeedSequence([int(seed), *map(int, path)]).generate_state(1)[0])

@@ -1,0 +1,123 @@
+"""Text sources: local files, Hugging Face hub datasets, TFDS. Each returns a list of
+documents (str), in a fixed order so the packed stream is reproducible.
+
+- local files: `datasets.load_dataset("text", data_files=..., sample_by=...)` (works
+  offline); plain reading only when `datasets` is not installed (the GPU machine).
+- hub: `datasets.load_dataset(name, subset, split=..., streaming=True)`, first
+  `max_documents` documents, field `text_field`.
+- TFDS: `tfds.data_source(name, split=...)` (random access, no TensorFlow needed).
+"""
+from __future__ import annotations
+
+import glob
+import itertools
+import os
+import pathlib
+from typing import Sequence
+
+SAMPLE_BY = ("document", "paragraph", "line")
+
+
+def resolve_files(files: str | Sequence[str]) -> list[str]:
+    """Expand a path, a glob, or a list of them; every one must match a file."""
+    if files is None or (not isinstance(files, str) and len(files) == 0):
+        raise ValueError("data.files is empty; set it to a text file path or glob, "
+                         "e.g. --config.data.files=data/input.txt")
+    patterns = [files] if isinstance(files, str) else list(files)
+    out = []
+    for pattern in patterns:
+        pattern = os.path.expanduser(str(pattern))
+        if glob.has_magic(pattern):
+            matches = sorted(p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p))
+            if not matches:
+                raise FileNotFoundError(f"data.files pattern {pattern!r} matches no file")
+            out.extend(matches)
+        elif os.path.isdir(pattern):
+            raise IsADirectoryError(f"data.files entry {pattern} is a directory; give a "
+                                    f"file or a glob such as {os.path.join(pattern, '*.txt')}")
+        elif not os.path.isfile(pattern):
+            raise FileNotFoundError(f"data.files entry {pattern} does not exist")
+        else:
+            out.append(pattern)
+    for path in out:
+        if os.path.getsize(path) == 0:
+            raise ValueError(f"text file {path} is empty; give a file with some text")
+    return out
+
+
+def _split_plain(text: str, sample_by: str) -> list[str]:
+    """The same units the `datasets` text builder yields, for the fallback reader."""
+    if sample_by == "document":
+        return [text]
+    if sample_by == "paragraph":
+        return [p for p in text.split("\n\n") if p]  # as datasets does
+    return text.splitlines()
+
+
+def load_files(files: str | Sequence[str], sample_by: str = "document",
+               cache_dir: str | None = None) -> list[str]:
+    """Documents from local text files (one per file, paragraph or line)."""
+    if sample_by not in SAMPLE_BY:
+        raise ValueError(f"data.sample_by must be one of {SAMPLE_BY}, got {sample_by!r}")
+    paths = resolve_files(files)
+    try:
+        import datasets
+    except ImportError:  # e.g. the GPU machine: read the files directly
+        docs = []
+        for path in paths:
+            docs.extend(_split_plain(pathlib.Path(path).read_text(encoding="utf-8"), sample_by))
+    else:
+        ds = datasets.load_dataset("text", data_files=paths, sample_by=sample_by,
+                                   split="train", cache_dir=cache_dir)
+        docs = list(ds["text"])
+    docs = [d for d in docs if d]
+    if not docs or not any(d.strip() for d in docs):
+        raise ValueError(f"no text found in {paths}; the files hold only whitespace")
+    return docs
+
+
+def _text_of(example, text_field: str, where: str) -> str:
+    if text_field not in example:
+        raise KeyError(f"{where} has no field {text_field!r}; its fields are "
+                       f"{sorted(example)}; set data.text_field")
+    text = example[text_field]
+    return text.decode("utf-8") if isinstance(text, bytes) else str(text)
+
+
+def load_hf(name: str, *, split: str = "train", subset: str | None = None,
+            text_field: str = "text", max_documents: int | None = 10_000,
+            streaming: bool = True) -> list[str]:
+    """The first `max_documents` documents of a Hugging Face dataset, streamed."""
+    if not name:
+        raise ValueError("data.name must name the Hugging Face dataset for source='hf'")
+    try:
+        import datasets
+    except ImportError:
+        raise ImportError("source='hf' needs the `datasets` package: pip install datasets") from None
+    args = (name, subset) if subset else (name,)
+    ds = datasets.load_dataset(*args, split=split, streaming=streaming)
+    rows = itertools.islice(iter(ds), max_documents) if max_documents else iter(ds)
+    docs = [_text_of(ex, text_field, f"dataset {name!r}") for ex in rows]
+    docs = [d for d in docs if d]
+    if not docs:
+        raise ValueError(f"dataset {name!r} split {split!r} gave no text in field {text_field!r}")
+    return docs
+
+
+def load_tfds(name: str, *, split: str = "train", text_field: str = "text",
+              max_documents: int | None = None, data_dir: str | None = None) -> list[str]:
+    """Documents of a prepared TFDS dataset through `tfds.data_source` (no TensorFlow)."""
+    if not name:
+        raise ValueError("data.name must name the TFDS dataset for source='tfds'")
+    try:
+        import tensorflow_datasets as tfds
+    except ImportError:
+        raise ImportError("source='tfds' needs tensorflow-datasets: pip install "
+                          "tensorflow-datasets (TensorFlow itself is not needed)") from None
+    src = tfds.data_source(name, split=split, data_dir=data_dir)
+    n = len(src) if not max_documents else min(len(src), int(max_documents))
+    docs = [_text_of(src[i], text_field, f"TFDS dataset {name!r}") for i in range(n)]
+    docs = [d for d in docs if d]
+    if not docs:
+        raise ValueError(f"TFDS dataset {name!r} split {split!r} gave no text in field {text_field!r}")
+    return docs
