@@ -1,0 +1,112 @@
+"""Helpers shared by the eval CLIs: loading a run, a jitted forward pass, config access.
+
+Everything here works on any `LanguageModel` that keeps the models/ contract
+(docs/INTERFACES.md); nothing depends on which mixer the model uses.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from typing import Any, Callable, Mapping
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+
+def cfg_get(config: Any, dotted: str, default: Any = None) -> Any:
+    """Reads `a.b.c` from a ConfigDict, a dataclass or a plain mapping; `default` if absent."""
+    node = config
+    for part in dotted.split("."):
+        if node is None:
+            return default
+        if isinstance(node, Mapping):
+            if part not in node:
+                return default
+            node = node[part]
+        elif hasattr(node, part):
+            node = getattr(node, part)
+        else:
+            try:  # ConfigDict supports both, but be lenient with other containers
+                node = node[part]
+            except (KeyError, TypeError, IndexError):
+                return default
+    return node
+
+
+def to_plain(config: Any) -> Any:
+    """A ConfigDict / FrozenConfigDict / dataclass as nested plain dicts (for JSON and data.build)."""
+    if hasattr(config, "to_dict"):
+        return config.to_dict()
+    if isinstance(config, Mapping):
+        return {k: to_plain(v) for k, v in config.items()}
+    return config
+
+
+def load_run(workdir: str):
+    """(model, config, dataset, step) of a trained run, with a clear error if it is missing."""
+    if not os.path.isdir(workdir):
+        raise FileNotFoundError(
+            f"workdir {workdir!r} does not exist: pass the --workdir a train.py run wrote "
+            "(python train.py --config=configs/NAME.py --workdir=DIR)")
+    from training.checkpoint import load_for_eval  # downstream of training, by design
+
+    return load_for_eval(workdir)
+
+
+def make_logits_fn(model: nnx.Module) -> Callable[..., jax.Array]:
+    """A jitted `(inputs, segment_ids) -> logits` float32 for a fixed (eval-mode) model.
+
+    The model is split once into (graphdef, state) and merged inside the traced
+    function, so jit sees a pure function of arrays (DESIGN: split state explicitly).
+    """
+    graphdef, state = nnx.split(model)
+
+    @jax.jit
+    def forward(state, inputs, segment_ids):
+        m = nnx.merge(graphdef, state)
+        return m(inputs, segment_ids=segment_ids, deterministic=True).astype(jnp.float32)
+
+    def logits_fn(inputs, segment_ids=None):
+        inputs = jnp.asarray(inputs, jnp.int32)
+        if segment_ids is None:
+            segment_ids = jnp.ones_like(inputs)
+        return forward(state, inputs, jnp.asarray(segment_ids, jnp.int32))
+
+    return logits_fn
+
+
+def token_stats_fn(logits_fn: Callable[..., jax.Array]):
+    """`(batch) -> (nll, correct)` per position, float32 / bool NumPy arrays (B, T).
+
+    nll is -log softmax(logits)[target]; correct is argmax(logits) == target.
+    """
+
+    @jax.jit
+    def _stats(logits, targets):
+        logp = jax.nn.log_softmax(logits, axis=-1)
+        nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+        return nll, jnp.argmax(logits, axis=-1) == targets
+
+    def stats(batch: Mapping[str, np.ndarray]):
+        seg = batch.get("segment_ids")
+        logits = logits_fn(batch["inputs"], seg)
+        nll, correct = _stats(logits, jnp.asarray(batch["targets"], jnp.int32))
+        return np.asarray(nll, np.float64), np.asarray(correct)
+
+    return stats
+
+
+def print_json(record: Mapping[str, Any]) -> None:
+    """Prints one JSON line to stdout (the CLIs' machine-readable result is the last line)."""
+    sys.stdout.flush()
+    print(json.dumps(record, sort_keys=False), flush=True)
+
+
+def write_json(path: str, record: Any) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(record, f, indent=1)
+    os.replace(tmp, path)  # atomic: a killed process never leaves half a file

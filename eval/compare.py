@@ -1,0 +1,345 @@
+"""Architecture comparison sweep: train and evaluate a grid of runs, then tables and plots.
+
+    python -m eval.compare --config=configs/compare_mqar.py --workdir=runs/compare_mqar
+    python -m eval.compare --config=configs/compare_mqar.py:tiny --workdir=/tmp/cmp   # CPU check
+
+The grid is the product of the config's `settings x mixers x sizes x lrs x seeds`; each
+entry is a dict of `--config.KEY=VALUE` overrides for `train.py` on top of
+`base_config`. Every run trains in its own subdirectory through `train.py` in a
+subprocess (a crash or an out-of-memory in one run cannot take the sweep down, and
+train.py's own checkpoints make a killed run resume), is then evaluated here, and
+leaves `done.json` holding its record. A second invocation skips runs with `done.json`,
+so a killed sweep carries on where it stopped. After every run the sweep rewrites
+`results.jsonl` (one record per finished run, in grid order), `results.md` (tables at the
+best lr per setting, mixer and size) and the PNG plots, so partial results are always
+on disk. The `speed` task trains nothing: it times each mixer in-process (eval.speed).
+"""
+from __future__ import annotations
+
+import itertools
+import json
+import math
+import os
+import pathlib
+import subprocess
+import sys
+import time
+from typing import Any, Mapping
+
+from eval import common
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+TASKS = ("lm", "mqar", "niah", "speed")
+
+
+# ----------------------------------------------------------------------------- the grid
+def _axis(cfg: Mapping, name: str, default):
+    values = cfg.get(name)
+    return list(values) if values else [default]
+
+
+def expand_grid(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """Runs of the sweep, in order: each {name, setting, mixer, size, lr, seed, overrides}.
+
+    `settings`, `mixers` and `sizes` are lists of {"name": str, "overrides": {KEY: VALUE}};
+    `lrs` and `seeds` lists of numbers written to the keys `lr_key` and `seed_key`.
+    """
+    task = cfg.get("task")
+    if task not in TASKS:
+        raise ValueError(f"compare config: task={task!r}; choose one of {TASKS}")
+    blank = {"name": "default", "overrides": {}}
+    runs = []
+    for setting, mixer, size, lr, seed in itertools.product(
+            _axis(cfg, "settings", blank), _axis(cfg, "mixers", blank),
+            _axis(cfg, "sizes", blank), _axis(cfg, "lrs", None), _axis(cfg, "seeds", 0)):
+        overrides = dict(cfg.get("overrides") or {})
+        for part in (setting, mixer, size):
+            overrides.update(part.get("overrides") or {})
+        if lr is not None:
+            overrides[cfg["lr_key"]] = lr
+        if task != "speed":
+            overrides[cfg["seed_key"]] = seed
+        name = "__".join([setting["name"], mixer["name"], size["name"],
+                          "lr" + ("na" if lr is None else f"{lr:g}"), f"s{seed}"])
+        runs.append({"name": name, "setting": setting["name"], "mixer": mixer["name"],
+                     "size": size["name"], "lr": lr, "seed": seed, "overrides": overrides})
+    names = [r["name"] for r in runs]
+    if len(set(names)) != len(names):
+        raise ValueError("compare config: two grid entries share a name; give every setting, "
+                         "mixer and size a distinct `name`")
+    return runs
+
+
+def _flag_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, float):
+        return repr(v)
+    if isinstance(v, (tuple, list)):
+        return repr(tuple(v))
+    return str(v)
+
+
+def train_command(cfg: Mapping, run: Mapping, run_dir: str, python: str) -> list[str]:
+    cmd = [python, str(ROOT / "train.py"), f"--config={ROOT / cfg['base_config']}",
+           f"--workdir={run_dir}"]
+    cmd += [f"--config.{k}={_flag_value(v)}" for k, v in sorted(run["overrides"].items())]
+    return cmd
+
+
+# ----------------------------------------------------------------------------- one run
+def read_train_log(run_dir: str) -> dict[str, Any]:
+    """Loss curve, best validation loss and training tokens/s from train.py's metrics file.
+
+    Reads `metrics.jsonl` (one JSON object per logged step); keys are matched leniently
+    (eval_loss / val_loss, tokens_per_s / tokens_per_sec) since only their meaning is
+    fixed. Missing file -> empty dict.
+    """
+    path = pathlib.Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return {}
+    curve, tps = [], []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a kill
+        step = row.get("step")
+        for key in ("eval_loss", "val_loss", "eval/loss", "val/loss"):
+            if key in row and step is not None:
+                curve.append((int(step), float(row[key])))
+                break
+        for key in ("tokens_per_s", "tokens_per_sec", "train/tokens_per_s", "throughput"):
+            if key in row:
+                tps.append(float(row[key]))
+                break
+    out: dict[str, Any] = {}
+    if curve:
+        curve = sorted(dict(curve).items())
+        out["curve"] = curve
+        out["best_val_loss"] = min(v for _, v in curve)
+    if tps:
+        tail = tps[len(tps) // 2:] or tps  # steady state: drop the compile-heavy start
+        out["tokens_per_s"] = sorted(tail)[len(tail) // 2]
+    return out
+
+
+def evaluate_run(task: str, run_dir: str, ecfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Loads a trained run and measures the task's metrics; also the model's sizes."""
+    from eval import perplexity, recall
+
+    model, config, dataset, step = common.load_run(run_dir)
+    stats_fn = common.token_stats_fn(common.make_logits_fn(model))
+    bs, nb = int(ecfg.get("batch_size", 16)), int(ecfg.get("num_batches", 20))
+    if task == "lm":
+        r = perplexity.evaluate(stats_fn, dataset.eval_batches(bs, nb), dataset.tokenizer.decode)
+        metrics = {"val_loss": r["loss"], "perplexity": r["perplexity"],
+                   "bits_per_byte": r["bits_per_byte"], "eval_tokens": r["tokens"]}
+    elif task == "mqar":
+        correct, total = recall.masked_accuracy(stats_fn, dataset.eval_batches(bs, nb))
+        metrics = {"accuracy": correct / max(total, 1), "queries": total}
+    elif task == "niah":
+        grid = recall.niah_grid(stats_fn, config, dataset, **dict(ecfg.get("niah", {})))
+        metrics = {"exact": grid["exact"], "per_digit": grid["per_digit"], "grid": grid}
+    else:
+        raise ValueError(f"evaluate_run: no evaluation for task {task!r}")
+    from eval.speed import count_params
+
+    return {"metrics": metrics, "step": int(step), "params": count_params(model),
+            "state_size": int(model.state_size()),
+            "d_model": common.cfg_get(config, "model.d_model"),
+            "layers": common.cfg_get(config, "model.num_layers")}
+
+
+def run_speed(cfg: Mapping, run: Mapping, deadline: float | None, log) -> dict[str, Any]:
+    from eval import speed
+
+    model_cfg = dict(cfg.get("model") or {})
+    for k, v in run["overrides"].items():
+        if not k.startswith("model."):
+            raise ValueError(f"speed task: override {k!r} is not a model.* key")
+        model_cfg[k[len("model."):]] = v
+    s = dict(cfg.get("speed") or {})
+    m = speed.measure(model_cfg, train_lengths=s.get("train_lengths", ()),
+                      train_batch=s.get("train_batch", 8), train_steps=s.get("train_steps", 5),
+                      decode_contexts=s.get("decode_contexts", ()),
+                      decode_batch=s.get("decode_batch", 1),
+                      decode_tokens=s.get("decode_tokens", 32), deadline=deadline, log=log)
+    tps = [c.get("tokens_per_s") for c in m["train"].values() if "tokens_per_s" in c]
+    return {"metrics": {"train": m["train"], "decode": m["decode"]}, "params": m["params"],
+            "state_size": m["state_size"], "d_model": model_cfg.get("d_model"),
+            "layers": model_cfg.get("num_layers"), "step": 0,
+            "tokens_per_s": max(tps) if tps else None}
+
+
+def do_run(cfg: Mapping, run: Mapping, workdir: str, python: str, deadline: float | None,
+           log) -> dict[str, Any]:
+    """Trains (unless task == speed) and evaluates one run; returns its record."""
+    task = cfg["task"]
+    run_dir = os.path.join(workdir, run["name"])
+    os.makedirs(run_dir, exist_ok=True)
+    t0 = time.time()
+    if task == "speed":
+        rec = run_speed(cfg, run, deadline, log)
+    else:
+        cmd = train_command(cfg, run, run_dir, python)
+        with open(os.path.join(run_dir, "train.log"), "a") as logf:
+            logf.write("$ " + " ".join(cmd) + "\n")
+            logf.flush()
+            timeout = cfg.get("train_timeout_s") or None
+            proc = subprocess.run(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT,
+                                  timeout=timeout, env=_child_env(cfg))
+        if proc.returncode != 0:
+            tail = pathlib.Path(run_dir, "train.log").read_text()[-1500:]
+            raise RuntimeError(f"train.py exited with {proc.returncode}; end of "
+                               f"{run_dir}/train.log:\n{tail}")
+        train_wall = time.time() - t0
+        rec = evaluate_run(task, run_dir, dict(cfg.get("eval") or {}))
+        logged = read_train_log(run_dir)
+        if "curve" in logged:
+            rec["metrics"]["curve"] = logged["curve"]
+            rec["metrics"]["best_val_loss"] = logged["best_val_loss"]
+        rec["tokens_per_s"] = logged.get("tokens_per_s")
+        rec["train_wall_s"] = train_wall
+    rec.update({"run": run["name"], "task": task, "setting": run["setting"],
+                "mixer": run["mixer"], "size": run["size"], "lr": run["lr"],
+                "seed": run["seed"], "steps": rec.pop("step"), "wall_s": time.time() - t0,
+                "overrides": run["overrides"]})
+    return rec
+
+
+def _child_env(cfg: Mapping) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + [p for p in [env.get("PYTHONPATH")] if p])
+    env.setdefault("WANDB_MODE", "disabled")
+    for k, v in dict(cfg.get("env") or {}).items():
+        env[str(k)] = str(v)
+    return env
+
+
+# ----------------------------------------------------------------------------- outputs
+def write_outputs(cfg: Mapping, runs: list[dict], workdir: str) -> list[dict]:
+    """results.jsonl, results.md and plots from every run's done.json, in grid order."""
+    from eval import plots, report
+
+    records, failed = [], []
+    for run in runs:
+        done = os.path.join(workdir, run["name"], "done.json")
+        fail = os.path.join(workdir, run["name"], "failed.json")
+        if os.path.isfile(done):
+            with open(done) as f:
+                records.append(json.load(f))
+        elif os.path.isfile(fail):
+            with open(fail) as f:
+                failed.append(f"{run['name']}: {json.load(f).get('error', '')[:300]}")
+    with open(os.path.join(workdir, "results.jsonl.tmp"), "w") as f:
+        for r in records:
+            f.write(json.dumps(r) + "\n")
+    os.replace(os.path.join(workdir, "results.jsonl.tmp"), os.path.join(workdir, "results.jsonl"))
+
+    written = []
+    task = cfg["task"]
+    best = report.best_lr(records)
+    try:
+        if task == "lm":
+            curves = {f"{k[2]} {k[3]} lr={b['lr']:g}": b["records"][0]["metrics"].get("curve", [])
+                      for k, b in best.items()}
+            if any(curves.values()):
+                written.append(plots.loss_curves(curves, os.path.join(workdir, "loss_curves.png")))
+        elif task in ("mqar", "niah"):
+            metric, _ = report.primary(task)
+            pts = [{"setting": k[1], "mixer": k[2], "state_size": b["records"][0].get("state_size"),
+                    "value": b["value"]} for k, b in best.items() if not math.isnan(b["value"])]
+            if pts:
+                written.append(plots.recall_vs_state(
+                    pts, os.path.join(workdir, "recall_vs_state.png"),
+                    metric_label=f"{task.upper()} {metric}"))
+            if task == "niah":
+                for k, b in best.items():
+                    cells = b["records"][0]["metrics"].get("grid", {}).get("cells")
+                    if cells:
+                        written.append(plots.niah_heatmap(
+                            cells, os.path.join(workdir, f"niah_{k[2]}_{k[3]}.png"),
+                            title=f"{k[2]} {k[3]} (lr {b['lr']:g})"))
+        elif task == "speed":
+            series: dict[str, dict] = {"train": {}, "decode": {}}
+            for r in records:
+                for kind in ("train", "decode"):
+                    series[kind][r["mixer"]] = [
+                        (int(n), c["step_s"] / (int(n) if kind == "train" else 1))
+                        for n, c in r["metrics"].get(kind, {}).items() if "step_s" in c]
+            if records:
+                written.append(plots.speed_plot(series, os.path.join(workdir, "speed.png")))
+    except Exception as e:  # noqa: BLE001 (a plot must never lose the tables)
+        print(f"compare: plotting failed: {type(e).__name__}: {e}", file=sys.stderr)
+    md = report.markdown(records, title=cfg.get("title", f"Comparison: {task}"),
+                         settings_order=[s["name"] for s in cfg.get("settings") or []],
+                         plots=[os.path.basename(p) for p in written], failed=failed)
+    with open(os.path.join(workdir, "results.md"), "w") as f:
+        f.write(md)
+    return records
+
+
+def sweep(cfg: Mapping[str, Any], workdir: str, *, python: str = sys.executable,
+          max_wall_s: float = 0.0, only: str = "", progress: bool = True) -> list[dict]:
+    """Runs every unfinished run of the grid, one after another; returns all records."""
+    runs = expand_grid(cfg)
+    if only:
+        runs = [r for r in runs if only in r["name"]]
+    os.makedirs(workdir, exist_ok=True)
+    start = time.time()
+    deadline = start + max_wall_s if max_wall_s else None
+    todo = [r for r in runs if not os.path.isfile(os.path.join(workdir, r["name"], "done.json"))]
+    from tqdm import tqdm
+
+    bar = tqdm(total=len(runs), initial=len(runs) - len(todo), desc="compare", unit="run",
+               disable=not progress)
+    log = bar.write
+    for run in todo:
+        if deadline is not None and time.time() > deadline:
+            log(f"compare: time budget of {max_wall_s:.0f}s spent; {run['name']} and later "
+                "runs are left for the next invocation")
+            break
+        bar.set_postfix_str(run["name"][:60])
+        run_dir = os.path.join(workdir, run["name"])
+        try:
+            rec = do_run(cfg, run, workdir, python, deadline, log)
+        except Exception as e:  # noqa: BLE001 (one failed run must not stop the sweep)
+            os.makedirs(run_dir, exist_ok=True)
+            common.write_json(os.path.join(run_dir, "failed.json"),
+                              {"error": f"{type(e).__name__}: {e}"})
+            log(f"compare: {run['name']} FAILED: {type(e).__name__}: {str(e)[:500]}")
+        else:
+            if os.path.exists(os.path.join(run_dir, "failed.json")):
+                os.remove(os.path.join(run_dir, "failed.json"))
+            common.write_json(os.path.join(run_dir, "done.json"), rec)
+            metrics = {k: v for k, v in rec["metrics"].items() if isinstance(v, (int, float))}
+            log(f"compare: {run['name']} done in {rec['wall_s']:.0f}s: {metrics}")
+        write_outputs(cfg, runs, workdir)
+        bar.update(1)
+    bar.close()
+    return write_outputs(cfg, runs, workdir)
+
+
+def main(argv):
+    del argv
+    from absl import flags
+
+    f = flags.FLAGS
+    cfg = common.to_plain(f.config)
+    records = sweep(cfg, f.workdir, max_wall_s=f.max_wall_s, only=f.only)
+    common.print_json({"workdir": f.workdir, "finished_runs": len(records),
+                       "results": os.path.join(f.workdir, "results.md")})
+
+
+if __name__ == "__main__":
+    from absl import app, flags
+    from ml_collections import config_flags
+
+    config_flags.DEFINE_config_file("config", None, "Sweep config, e.g. configs/compare_mqar.py[:tiny].")
+    flags.DEFINE_string("workdir", None, "Directory of the sweep (one subdirectory per run).",
+                        required=True)
+    flags.DEFINE_float("max_wall_s", 0.0, "Start no new run after this many seconds (0: no limit).")
+    flags.DEFINE_string("only", "", "Run only grid entries whose name contains this string.")
+    flags.mark_flags_as_required(["config"])
+    app.run(main)

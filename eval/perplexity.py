@@ -1,0 +1,131 @@
+"""Perplexity and bits per byte of a trained run.
+
+    python -m eval.perplexity --workdir=DIR [--files=GLOB] [--batch_size=16 --num_batches=50]
+
+Default data: the run's own held-out split (`dataset.eval_batches`). With --files, the
+matching text files tokenised with the run's tokenizer and cut into windows of the
+run's sequence length. The last line printed is JSON with `loss` (mean nats per
+target token), `perplexity` (= exp(loss)), `bits_per_byte` (total nats divided by
+ln 2 times the UTF-8 bytes of the evaluated targets, decoded with the tokenizer) and
+`tokens` (number of evaluated targets).
+"""
+from __future__ import annotations
+
+import glob as globlib
+import math
+from typing import Any, Callable, Iterable, Iterator, Mapping
+
+import numpy as np
+
+from eval import common
+
+
+def target_bytes(targets: np.ndarray, mask: np.ndarray, decode: Callable[[list], str]) -> int:
+    """UTF-8 bytes of the text the evaluated targets spell, one decoded row at a time.
+
+    Decoding whole rows (not token by token) keeps multi-byte characters and
+    sentencepiece's word-boundary spaces right.
+    """
+    total = 0
+    for row, row_mask in zip(np.asarray(targets), np.asarray(mask)):
+        ids = [int(t) for t in row[row_mask > 0]]
+        if ids:
+            total += len(decode(ids).encode("utf-8"))
+    return total
+
+
+def evaluate(stats_fn, batches: Iterable[Mapping[str, np.ndarray]], decode,
+             progress: bool = False) -> dict[str, Any]:
+    """Sums nats, targets and bytes over `batches`; returns the metrics dictionary.
+
+    `stats_fn(batch) -> (nll (B,T), correct (B,T))`, see `common.token_stats_fn`.
+    Sums are float64 on the host, so the result does not depend on the batching.
+    """
+    nats, tokens, nbytes = 0.0, 0, 0
+    it = batches
+    if progress:
+        from tqdm import tqdm
+        it = tqdm(batches, desc="perplexity", unit="batch")
+    for batch in it:
+        mask = np.asarray(batch["mask"], np.float64)
+        nll, _ = stats_fn(batch)
+        nats += float((nll * mask).sum())
+        tokens += int((mask > 0).sum())
+        nbytes += target_bytes(batch["targets"], mask, decode)
+    if tokens == 0:
+        raise ValueError("no evaluated tokens: the held-out split or --files gave empty batches "
+                         "(check the data config's eval split, or that --files matches text files)")
+    loss = nats / tokens
+    return {
+        "loss": loss,
+        "perplexity": math.exp(loss),
+        "bits_per_byte": nats / (math.log(2) * nbytes) if nbytes else float("nan"),
+        "tokens": tokens,
+        "bytes": nbytes,
+    }
+
+
+def file_batches(pattern: str, encode: Callable[[str], list], seq_len: int,
+                 batch_size: int) -> Iterator[dict[str, np.ndarray]]:
+    """Non-overlapping windows of `seq_len` targets over each matching file.
+
+    Each file is its own segment (id 1); the last, partial window of a file is padded
+    with mask 0 and segment id 0, so every token of every file is a target once,
+    except each file's first token (nothing predicts it).
+    """
+    paths = sorted(p for p in globlib.glob(pattern, recursive=True))
+    if not paths:
+        raise FileNotFoundError(f"--files={pattern!r} matches no file: give a glob of text files, "
+                                "e.g. --files='data/*.txt'")
+    rows = []
+    for path in paths:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            ids = np.asarray(encode(f.read()), np.int32)
+        for start in range(0, max(len(ids) - 1, 0), seq_len):
+            chunk = ids[start:start + seq_len + 1]
+            n = len(chunk) - 1
+            row = {k: np.zeros(seq_len, dt) for k, dt in
+                   (("inputs", np.int32), ("targets", np.int32), ("mask", np.float32),
+                    ("segment_ids", np.int32))}
+            row["inputs"][:n], row["targets"][:n] = chunk[:-1], chunk[1:]
+            row["mask"][:n], row["segment_ids"][:n] = 1.0, 1
+            rows.append(row)
+    if not rows:
+        raise ValueError(f"--files={pattern!r}: the files hold fewer than 2 tokens")
+    for i in range(0, len(rows), batch_size):
+        group = rows[i:i + batch_size]
+        while len(group) < batch_size:  # pad the last batch: one compiled shape
+            group = group + [{k: np.zeros_like(v) for k, v in group[0].items()}]
+        yield {k: np.stack([r[k] for r in group]) for k in group[0]}
+
+
+def run(workdir: str, files: str | None = None, batch_size: int = 16,
+        num_batches: int = 50, progress: bool = True) -> dict[str, Any]:
+    model, config, dataset, step = common.load_run(workdir)
+    stats_fn = common.token_stats_fn(common.make_logits_fn(model))
+    if files:
+        seq_len = int(common.cfg_get(config, "data.seq_len"))
+        batches = file_batches(files, dataset.tokenizer.encode, seq_len, batch_size)
+    else:
+        batches = dataset.eval_batches(batch_size, num_batches)
+    result = evaluate(stats_fn, batches, dataset.tokenizer.decode, progress=progress)
+    result["step"] = int(step)
+    return result
+
+
+def main(argv):
+    del argv
+    from absl import flags
+    f = flags.FLAGS
+    result = run(f.workdir, f.files, f.batch_size, f.num_batches)
+    common.print_json(result)
+
+
+if __name__ == "__main__":
+    from absl import app, flags
+
+    flags.DEFINE_string("workdir", None, "Run directory written by train.py.", required=True)
+    flags.DEFINE_string("files", None, "Glob of text files to evaluate instead of the held-out split.")
+    flags.DEFINE_integer("batch_size", 16, "Sequences per batch.")
+    flags.DEFINE_integer("num_batches", 50, "Held-out batches to evaluate (ignored with --files).")
+    app.run(main)

@@ -1,0 +1,109 @@
+"""PNG plots of eval results (matplotlib, Agg backend: no display needed)."""
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Sequence
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+
+
+def _save(fig, path: str) -> str:
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def niah_heatmap(cells: Sequence[dict], path: str, title: str = "needle in a haystack") -> str:
+    """Exact-match accuracy as a depth (rows) x length (columns) heatmap, values written in."""
+    lengths = sorted({int(c["length"]) for c in cells})
+    depths = sorted({float(c["depth"]) for c in cells})
+    val = {(int(c["length"]), float(c["depth"])): float(c["exact"]) for c in cells}
+    grid = [[val.get((n, d), math.nan) for n in lengths] for d in depths]
+    fig, ax = plt.subplots(figsize=(1.2 + 0.9 * len(lengths), 1.0 + 0.45 * len(depths)))
+    im = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="RdYlGn", aspect="auto")
+    ax.set_xticks(range(len(lengths)), [str(n) for n in lengths])
+    ax.set_yticks(range(len(depths)), [f"{d:.2f}" for d in depths])
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("needle depth")
+    for i, row in enumerate(grid):
+        for j, v in enumerate(row):
+            if not math.isnan(v):
+                ax.text(j, i, f"{v:.2f}", ha="center", va="center", fontsize=7)
+    fig.colorbar(im, ax=ax, label="exact match")
+    ax.set_title(title, fontsize=9)
+    return _save(fig, path)
+
+
+def loss_curves(curves: dict[str, Sequence[tuple[int, float]]], path: str,
+                ylabel: str = "validation loss (nats/token)") -> str:
+    """One line per run: loss against training step."""
+    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    for name, pts in sorted(curves.items()):
+        if pts:
+            xs, ys = zip(*sorted(pts))
+            ax.plot(xs, ys, marker=".", label=name)
+    ax.set_xlabel("training step")
+    ax.set_ylabel(ylabel)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    return _save(fig, path)
+
+
+def recall_vs_state(points: Sequence[dict], path: str, metric_label: str = "MQAR accuracy") -> str:
+    """Zoology's recall-memory figure: accuracy against decode state size (log x), by mixer.
+
+    `points`: dicts with `setting`, `mixer`, `state_size`, `value`; one panel per setting.
+    """
+    by_setting = defaultdict(list)
+    for p in points:
+        by_setting[p["setting"]].append(p)
+    settings = list(by_setting)
+    mixers = sorted({p["mixer"] for p in points})
+    colors = {m: plt.cm.tab10(i % 10) for i, m in enumerate(mixers)}
+    fig, axes = plt.subplots(1, max(len(settings), 1), figsize=(3.6 * max(len(settings), 1), 3.4),
+                             squeeze=False)
+    for ax, setting in zip(axes[0], settings):
+        for m in mixers:
+            pts = sorted((p["state_size"], p["value"]) for p in by_setting[setting]
+                         if p["mixer"] == m and p["state_size"])
+            if pts:
+                xs, ys = zip(*pts)
+                ax.plot(xs, ys, marker="o", color=colors[m], label=m)
+        ax.set_xscale("log")
+        ax.set_ylim(-0.02, 1.02)
+        ax.set_title(setting, fontsize=9)
+        ax.set_xlabel("decode state size (numbers per sequence)")
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel(metric_label)
+    axes[0][-1].legend(fontsize=7)
+    return _save(fig, path)
+
+
+def speed_plot(series: dict[str, dict[str, Sequence[tuple[int, float]]]], path: str) -> str:
+    """Log-log time against sequence length: one panel per kind (e.g. 'train', 'decode').
+
+    `series[kind][mixer] = [(T, seconds), ...]`.
+    """
+    kinds = [k for k in series if series[k]]
+    fig, axes = plt.subplots(1, max(len(kinds), 1), figsize=(5.0 * max(len(kinds), 1), 3.8),
+                             squeeze=False)
+    labels = {"train": "training step time per token (s)",
+              "decode": "decode time per token (s), batch"}
+    for ax, kind in zip(axes[0], kinds):
+        for mixer, pts in sorted(series[kind].items()):
+            pts = sorted((t, s) for t, s in pts if s and s > 0)
+            if pts:
+                xs, ys = zip(*pts)
+                ax.plot(xs, ys, marker="o", label=mixer)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence / context length T (tokens)")
+        ax.set_ylabel(labels.get(kind, kind))
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    return _save(fig, path)

@@ -1,0 +1,195 @@
+"""Recall of a trained run: MQAR by (sequence length, kv pairs), NIAH by (length, depth).
+
+    python -m eval.recall --workdir=DIR --task=mqar [--seq_lens=64,128,256,512 --num_examples=256]
+    python -m eval.recall --workdir=DIR --task=niah [--length_multiples=1,2,4,8 --num_depths=6]
+
+Accuracy is teacher-forced: one forward pass per batch, then argmax(logits) == target
+at the positions the mask marks (MQAR: the query positions; NIAH: the answer digits).
+For NIAH, "exact" is the fraction of examples with every digit right (the same as
+greedy decoding getting all digits, since greedy and teacher forcing agree until the
+first wrong digit) and "per_digit" the fraction of digits right. Lengths beyond the
+training length are included on purpose: they measure length generalisation.
+
+Writes `recall_<task>.json` (and `niah_heatmap.png` for NIAH) into the workdir and
+prints the JSON as the last line.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+import numpy as np
+
+from eval import common
+
+
+# ----------------------------------------------------------------------------- scoring
+def masked_accuracy(stats_fn, batches: Iterable[Mapping[str, np.ndarray]]) -> tuple[int, int]:
+    """(correct, total) over masked positions: argmax(logits) == target where mask > 0."""
+    correct = total = 0
+    for batch in batches:
+        _, hit = stats_fn(batch)
+        m = np.asarray(batch["mask"]) > 0
+        correct += int(hit[m].sum())
+        total += int(m.sum())
+    return correct, total
+
+
+def example_scores(stats_fn, batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Per example: (all masked positions right, fraction right); rows with no mask are NaN."""
+    _, hit = stats_fn(batch)
+    m = np.asarray(batch["mask"]) > 0
+    n = m.sum(axis=1)
+    right = (hit & m).sum(axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        exact = np.where(n > 0, (right == n).astype(np.float64), np.nan)
+        frac = np.where(n > 0, right / n, np.nan)
+    return exact, frac
+
+
+def _batched(examples: Mapping[str, np.ndarray], batch_size: int):
+    n = len(examples["inputs"])
+    for i in range(0, n, batch_size):
+        b = {k: np.asarray(v[i:i + batch_size]) for k, v in examples.items()}
+        if "segment_ids" not in b:
+            b["segment_ids"] = np.ones_like(b["inputs"])
+        yield b
+
+
+# ----------------------------------------------------------------------------- MQAR
+def default_mqar_settings(seq_lens: Sequence[int], min_kv: int = 4) -> list[tuple[int, int]]:
+    """(seq_len, kv) with kv = min_kv, 2 min_kv, ... up to seq_len / 4 (Zoology's bound)."""
+    out = []
+    for t in seq_lens:
+        kv = min_kv
+        while 4 * kv <= t:
+            out.append((int(t), kv))
+            kv *= 2
+    return out
+
+
+def mqar_task(config, dataset) -> dict[str, Any]:
+    """The MQAR vocabulary of a run: task vocab, id offset and power law, from its dataset."""
+    if hasattr(dataset, "task_vocab"):
+        return {"vocab_size": int(dataset.task_vocab), "offset": int(getattr(dataset, "vocab_offset", 0)),
+                "power_a": float(getattr(dataset, "power_a", 0.01))}
+    source = common.cfg_get(config, "data.source")
+    if source != "mqar":
+        raise ValueError(f"--task=mqar needs a run trained on MQAR (data.source=mqar), "
+                         f"this run has data.source={source!r}")
+    return {"vocab_size": int(common.cfg_get(config, "data.vocab_size", 8192)), "offset": 0,
+            "power_a": float(common.cfg_get(config, "data.power_a", 0.01))}
+
+
+def mqar_grid(stats_fn, task: Mapping[str, Any], settings: Sequence[tuple[int, int]], *,
+              num_examples: int = 256, batch_size: int = 64, seed: int = 1234,
+              progress: bool = True) -> dict[str, Any]:
+    """Accuracy per (seq_len, kv) on fresh examples (a seed no training stream uses)."""
+    from data import mqar
+
+    cells = []
+    it = settings
+    if progress:
+        from tqdm import tqdm
+        it = tqdm(settings, desc="mqar", unit="setting")
+    for t, kv in it:
+        if task["vocab_size"] <= t or 4 * kv > t:
+            continue  # a shape the generator cannot make (vocab must exceed seq_len)
+        ex = mqar.generate(np.random.default_rng([seed, t, kv]), num_examples, t, kv,
+                           task["vocab_size"], task["power_a"])
+        ex["inputs"] = ex["inputs"] + task["offset"]
+        ex["targets"] = ex["targets"] + task["offset"]
+        correct, total = masked_accuracy(stats_fn, _batched(ex, batch_size))
+        cells.append({"seq_len": t, "kv_pairs": kv, "accuracy": correct / max(total, 1),
+                      "queries": total})
+    return {"task": "mqar", "cells": cells}
+
+
+# ----------------------------------------------------------------------------- NIAH
+def niah_generate(dataset, config, length: int, depth: float, num_examples: int, seed: int):
+    """NIAH examples of one (length, depth) cell from the run's own NIAH generator."""
+    from data import niah
+
+    return niah.examples_for(dataset, num_examples=num_examples, seq_len=length, depth=depth,
+                             seed=seed)
+
+
+def niah_grid(stats_fn, config, dataset, *, lengths: Sequence[int] | None = None,
+              length_multiples: Sequence[int] = (1, 2, 4, 8), num_depths: int = 6,
+              num_examples: int = 32, batch_size: int = 8, seed: int = 4321,
+              progress: bool = False, generate_fn: Callable | None = None) -> dict[str, Any]:
+    """Exact match and per-digit accuracy per (length, depth), plus their grid means."""
+    train_len = int(common.cfg_get(config, "data.seq_len"))
+    if not lengths:
+        lengths = [train_len * int(m) for m in length_multiples]
+    depths = [float(d) for d in np.linspace(0.0, 1.0, int(num_depths))]
+    gen = generate_fn or (lambda n, d, k, s: niah_generate(dataset, config, n, d, k, s))
+    cells = []
+    grid = [(int(n), d) for n in lengths for d in depths]
+    it = grid
+    if progress:
+        from tqdm import tqdm
+        it = tqdm(grid, desc="niah", unit="cell")
+    for i, (n, d) in enumerate(it):
+        ex = gen(n, d, num_examples, seed + i)
+        exact, frac = [], []
+        for b in _batched(ex, batch_size):
+            e, f = example_scores(stats_fn, b)
+            exact.append(e)
+            frac.append(f)
+        exact, frac = np.concatenate(exact), np.concatenate(frac)
+        cells.append({"length": n, "depth": d, "exact": float(np.nanmean(exact)),
+                      "per_digit": float(np.nanmean(frac)), "examples": int(np.isfinite(exact).sum())})
+    return {"task": "niah", "train_length": train_len, "cells": cells,
+            "exact": float(np.mean([c["exact"] for c in cells])) if cells else float("nan"),
+            "per_digit": float(np.mean([c["per_digit"] for c in cells])) if cells else float("nan")}
+
+
+# ----------------------------------------------------------------------------- CLI
+def run(workdir: str, task: str, *, seq_lens=(64, 128, 256, 512), num_examples: int = 256,
+        batch_size: int = 32, length_multiples=(1, 2, 4, 8), num_depths: int = 6) -> dict:
+    if task not in ("mqar", "niah"):
+        raise ValueError(f"--task={task!r}: choose mqar or niah")
+    model, config, dataset, step = common.load_run(workdir)
+    stats_fn = common.token_stats_fn(common.make_logits_fn(model))
+    if task == "mqar":
+        result = mqar_grid(stats_fn, mqar_task(config, dataset), default_mqar_settings(seq_lens),
+                           num_examples=num_examples, batch_size=batch_size)
+    else:
+        result = niah_grid(stats_fn, config, dataset, length_multiples=length_multiples,
+                           num_depths=num_depths, num_examples=num_examples,
+                           batch_size=batch_size, progress=True)
+        from eval import plots
+        result["heatmap"] = plots.niah_heatmap(
+            result["cells"], os.path.join(workdir, "niah_heatmap.png"),
+            title=f"{os.path.basename(os.path.normpath(workdir))} (step {step})")
+    result["step"] = int(step)
+    common.write_json(os.path.join(workdir, f"recall_{task}.json"), result)
+    return result
+
+
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
+def main(argv):
+    del argv
+    from absl import flags
+    f = flags.FLAGS
+    result = run(f.workdir, f.task, seq_lens=_ints(f.seq_lens), num_examples=f.num_examples,
+                 batch_size=f.batch_size, length_multiples=_ints(f.length_multiples),
+                 num_depths=f.num_depths)
+    common.print_json(result)
+
+
+if __name__ == "__main__":
+    from absl import app, flags
+
+    flags.DEFINE_string("workdir", None, "Run directory written by train.py.", required=True)
+    flags.DEFINE_enum("task", None, ["mqar", "niah"], "Which recall benchmark.", required=True)
+    flags.DEFINE_string("seq_lens", "64,128,256,512", "MQAR sequence lengths (kv pairs 4..len/4).")
+    flags.DEFINE_string("length_multiples", "1,2,4,8", "NIAH lengths as multiples of data.seq_len.")
+    flags.DEFINE_integer("num_depths", 6, "NIAH needle depths, evenly spaced over [0, 1].")
+    flags.DEFINE_integer("num_examples", 256, "Examples per MQAR setting / NIAH cell.")
+    flags.DEFINE_integer("batch_size", 32, "Examples per forward pass.")
+    app.run(main)

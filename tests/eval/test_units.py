@@ -1,0 +1,142 @@
+"""eval/ pieces that need no trained model: metrics sums, file windows, sampling, best lr.
+
+References are float64 NumPy computations written out independently of eval/.
+"""
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from eval import generate, perplexity, recall, report
+
+
+class CharCodec:
+    """A tiny character tokenizer: ids are positions in a fixed alphabet (one has 2 UTF-8 bytes)."""
+
+    alphabet = "abc é\n"
+
+    def encode(self, text):
+        return [self.alphabet.index(c) for c in text]
+
+    def decode(self, ids):
+        return "".join(self.alphabet[i] for i in ids)
+
+
+def bigram_stats_fn(table):
+    """stats_fn of a bigram model whose logits at position t are table[inputs[t]]."""
+    def stats(batch):
+        logits = table[np.asarray(batch["inputs"])]
+        logp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+        t = np.asarray(batch["targets"])
+        nll = -np.take_along_axis(logp, t[..., None], -1)[..., 0]
+        return nll, logits.argmax(-1) == t
+    return stats
+
+
+def test_file_batches_cover_every_token_once(tmp_path):
+    codec = CharCodec()
+    texts = ["abcab é\nabc", "cba"]
+    for i, t in enumerate(texts):
+        (tmp_path / f"f{i}.txt").write_text(t, encoding="utf-8")
+    batches = list(perplexity.file_batches(str(tmp_path / "*.txt"), codec.encode, seq_len=4,
+                                           batch_size=3))
+    assert all(b["inputs"].shape == (3, 4) for b in batches)
+    targets = [int(x) for b in batches for x in b["targets"][b["mask"] > 0]]
+    # every token but the first of each file is a target exactly once, in order
+    want = codec.encode(texts[0])[1:] + codec.encode(texts[1])[1:]
+    assert targets == want
+    # inputs are the tokens right before the targets, and padding has segment id 0
+    for b in batches:
+        m = b["mask"] > 0
+        assert np.all(b["segment_ids"][m] == 1) and np.all(b["segment_ids"][~m] == 0)
+
+
+def test_file_batches_clear_error_on_no_match(tmp_path):
+    with pytest.raises(FileNotFoundError, match="matches no file"):
+        list(perplexity.file_batches(str(tmp_path / "*.nothing"), str.encode, 4, 2))
+
+
+def test_evaluate_matches_float64_reference(tmp_path):
+    codec = CharCodec()
+    rng = np.random.default_rng(0)
+    table = rng.normal(size=(len(codec.alphabet), len(codec.alphabet)))
+    text = "abé cab\nccé ab" * 3
+    (tmp_path / "t.txt").write_text(text, encoding="utf-8")
+    batches = list(perplexity.file_batches(str(tmp_path / "t.txt"), codec.encode, 8, 2))
+    r = perplexity.evaluate(bigram_stats_fn(table), batches, codec.decode)
+    # reference: mean NLL of every next character under the bigram table
+    ids = codec.encode(text)
+    logp = table - np.log(np.exp(table).sum(-1, keepdims=True))
+    nll = [-logp[a, b] for a, b in zip(ids[:-1], ids[1:])]
+    assert r["tokens"] == len(ids) - 1
+    assert r["loss"] == pytest.approx(np.mean(nll), rel=1e-12)
+    assert r["perplexity"] == pytest.approx(math.exp(np.mean(nll)), rel=1e-12)
+    nbytes = len(text[1:].encode("utf-8"))  # targets spell the text after its first char
+    assert r["bytes"] == nbytes
+    assert r["bits_per_byte"] == pytest.approx(np.sum(nll) / (math.log(2) * nbytes), rel=1e-12)
+
+
+def test_masked_accuracy_and_example_scores():
+    table = np.eye(4) * 5.0  # predicts "same token again"
+    stats = bigram_stats_fn(table)
+    batch = {"inputs": np.array([[0, 1, 2, 3], [3, 3, 1, 0]]),
+             "targets": np.array([[0, 2, 2, 3], [3, 3, 1, 1]]),
+             "mask": np.array([[1, 1, 1, 0], [0, 1, 1, 1]], np.float32)}
+    correct, total = recall.masked_accuracy(stats, [batch])
+    # row 0: hits at 0 and 2 (masked), miss at 1; row 1: hits at 1, 2, miss at 3
+    assert (correct, total) == (4, 6)
+    exact, frac = recall.example_scores(stats, batch)
+    np.testing.assert_allclose(exact, [0.0, 0.0])
+    np.testing.assert_allclose(frac, [2 / 3, 2 / 3])
+    batch["targets"][0, 1] = 1
+    exact, _ = recall.example_scores(stats, batch)
+    np.testing.assert_allclose(exact, [1.0, 0.0])
+
+
+def test_default_mqar_settings_bound_kv_by_quarter_length():
+    s = recall.default_mqar_settings([64, 128])
+    assert s == [(64, 4), (64, 8), (64, 16), (128, 4), (128, 8), (128, 16), (128, 32)]
+
+
+def test_sample_logits_greedy_and_top_k():
+    logits = jnp.array([[0.1, 2.0, 1.9, -1.0], [3.0, 0.0, 0.0, 2.9]])
+    key = jax.random.PRNGKey(0)
+    np.testing.assert_array_equal(generate.sample_logits(logits, key, 0.0, 0), [1, 0])
+    np.testing.assert_array_equal(generate.sample_logits(logits, key, 1.0, 1), [1, 0])
+    # top-2 sampling never leaves the two largest logits, and visits both
+    draws = np.stack([np.asarray(generate.sample_logits(logits, k, 1.0, 2))
+                      for k in jax.random.split(key, 200)])
+    assert set(draws[:, 0]) == {1, 2} and set(draws[:, 1]) == {0, 3}
+    # at temperature 1 with all tokens, frequencies follow the softmax (4 sigma band)
+    probs = np.exp(np.asarray(logits[0], np.float64))
+    probs /= probs.sum()
+    draws = np.asarray(jax.vmap(lambda k: generate.sample_logits(logits[:1], k, 1.0, 0))(
+        jax.random.split(key, 4000)))[:, 0]
+    freq = np.bincount(draws, minlength=4) / len(draws)
+    assert np.all(np.abs(freq - probs) < 4 * np.sqrt(probs * (1 - probs) / len(draws)) + 1e-3)
+
+
+def test_cache_nbytes_counts_every_leaf():
+    cache = {"a": jnp.zeros((2, 3), jnp.float32), "b": [jnp.zeros(5, jnp.int32), jnp.zeros((), jnp.bfloat16)]}
+    assert generate.cache_nbytes(cache) == 2 * 3 * 4 + 5 * 4 + 2
+
+
+def _rec(mixer, lr, seed, value, task="mqar", setting="T64", size="d64"):
+    key = report.primary(task)[0]
+    return {"task": task, "setting": setting, "mixer": mixer, "size": size, "lr": lr,
+            "seed": seed, "metrics": {key: value}, "state_size": 100}
+
+
+def test_best_lr_averages_seeds_and_skips_diverged():
+    recs = [_rec("a", 1e-3, 0, 0.9), _rec("a", 1e-3, 1, 0.5),   # mean 0.7
+            _rec("a", 1e-2, 0, 0.8), _rec("a", 1e-2, 1, 0.7),   # mean 0.75 -> best
+            _rec("a", 1e-1, 0, float("nan")),                    # diverged: never best
+            _rec("b", 1e-3, 0, 2.0, task="lm"), _rec("b", 1e-2, 0, 1.5, task="lm")]
+    best = report.best_lr(recs)
+    assert best[("mqar", "T64", "a", "d64")]["lr"] == 1e-2
+    assert best[("mqar", "T64", "a", "d64")]["value"] == pytest.approx(0.75)
+    assert best[("lm", "T64", "b", "d64")]["lr"] == 1e-2  # lower loss wins for lm
+    md = report.markdown(recs, title="t", settings_order=["T64"])
+    assert "0.750 (lr 0.01)" in md
