@@ -1,0 +1,14 @@
+"""Pallas chunkwise kernels (GPU via Pallas' Triton lowering, TPU via Mosaic) for linear
+attention and the gated delta rule, forward and backward. See kernels/README.md.
+
+Called by kernels.ops for impl="pallas" (and impl="auto" on GPU/TPU):
+  linear_attention(q, k, v, *, normalize, eps, log_decay, initial_state, return_state,
+                   chunk_size)
+  gated_delta_rule(q, k, v, log_alpha, beta, *, initial_state, return_state, chunk_size)
+"""
+from kernels.pallas.decode import gated_delta_step, gated_delta_step_pallas
+from kernels.pallas.gdn import gated_delta_rule
+from kernels.pallas.linear import linear_attention
+
+__all__ = ["linear_attention", "gated_delta_rule", "gated_delta_step",
+           "gated_delta_step_pallas"]

@@ -1,0 +1,101 @@
+"""Shared helpers for the Pallas kernels: which lowering to use, padding, chunk layout.
+
+Two kernel variants share one chunk body (kernels.pallas.recurrence):
+  "gpu": Pallas' Triton lowering. Grid (batch*heads, value blocks); each program walks
+         its chunks in a fori_loop and keeps the state in registers.
+  "tpu": Mosaic TPU. Grid (batch*heads, chunks) with the chunk axis "arbitrary"
+         (sequential); the state lives in a VMEM scratch buffer between grid steps.
+On a CPU backend both run in interpret mode (how the tests exercise them).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jax.experimental import pallas as pl  # noqa: F401  (re-exported for the kernels)
+
+# Version-guarded backend modules: jax 0.10 (CPU CI) and 0.11 (the GPU image) both have
+# these today; a future jax that drops the Triton lowering only loses the "gpu" variant.
+try:
+    from jax.experimental.pallas import triton as pltriton
+except ImportError:  # pragma: no cover - depends on the jax build
+    pltriton = None
+try:
+    from jax.experimental.pallas import tpu as pltpu
+except ImportError:  # pragma: no cover
+    pltpu = None
+
+VARIANTS = ("gpu", "tpu")
+
+
+def backend() -> str:
+    return jax.default_backend()
+
+
+def resolve_variant(variant: str | None) -> str:
+    """The kernel variant for this backend unless one is forced (tests force both)."""
+    if variant is None:
+        return "tpu" if backend() == "tpu" else "gpu"
+    if variant not in VARIANTS:
+        raise ValueError(f"kernels.pallas: unknown variant {variant!r}; valid: {VARIANTS}")
+    if variant == "gpu" and pltriton is None and backend() == "gpu":
+        raise NotImplementedError("kernels.pallas: this jax has no Pallas Triton lowering")
+    return variant
+
+
+def interpret() -> bool:
+    """Interpret mode wherever there is no accelerator to compile for."""
+    return backend() not in ("gpu", "tpu")
+
+
+def compiler_params(variant: str, *, num_warps: int = 4, num_stages: int = 2,
+                    semantics=("parallel", "arbitrary")):
+    if interpret():
+        return None
+    if variant == "gpu":
+        return pltriton.CompilerParams(num_warps=num_warps, num_stages=num_stages)
+    return pltpu.CompilerParams(dimension_semantics=tuple(semantics))
+
+
+def dot_precision(dtype):
+    """Full float32 products for float32 operands (Triton and TPU would otherwise use
+    TF32 / bf16 passes); bf16 operands need nothing."""
+    return jax.lax.Precision.HIGHEST if jnp.dtype(dtype) == jnp.float32 else None
+
+
+def pad_time(x, tp: int, axis: int = 1):
+    """Zero-pad the time axis to length tp (zeros make padded steps identities: k = v = 0,
+    beta = 0, log-decay = 0)."""
+    t = x.shape[axis]
+    if t == tp:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, tp - t)
+    return jnp.pad(x, widths)
+
+
+def check_head_dims(op: str, k_dim: int, v_dim: int, variant: str):
+    """Triton tiles must be powers of two (>= 16 for the tensor-core dots)."""
+    for name, d in (("key/feature dim", k_dim), ("value dim", v_dim)):
+        if d < 16 or d & (d - 1):
+            if variant == "gpu" or not interpret():
+                raise NotImplementedError(
+                    f"{op}: impl='pallas' needs a power-of-two {name} >= 16, got {d}; "
+                    f"use impl='chunk' (or pad the heads)")
+
+
+def check_chunk_size(op: str, chunk_size: int):
+    if not isinstance(chunk_size, int) or chunk_size < 16 or chunk_size & (chunk_size - 1):
+        raise NotImplementedError(
+            f"{op}: impl='pallas' needs chunk_size a power of two >= 16, got {chunk_size!r}")
+
+
+def to_chunk_major(x, b: int, h: int):
+    """(B, Tp, H, D) -> (B*H, Tp, D): the kernels' layout (one row of programs per head)."""
+    tp, d = x.shape[1], x.shape[-1]
+    return jnp.transpose(x, (0, 2, 1, 3)).reshape(b * h, tp, d)
+
+
+def from_chunk_major(x, b: int, h: int):
+    """(B*H, Tp, D) -> (B, Tp, H, D)."""
+    tp, d = x.shape[1], x.shape[-1]
+    return jnp.transpose(x.reshape(b, h, tp, d), (0, 2, 1, 3))

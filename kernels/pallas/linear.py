@@ -1,0 +1,99 @@
+"""(Decayed, optionally normalised) linear attention on the Pallas recurrence.
+
+Per chunk (parallel, XLA): Qg, Kd, P, G_C; the kernel carries S with U = V (no W).
+The normaliser z is the same recurrence with a value column of ones; rather than widen
+V by one column (breaking power-of-two tiles), its per-chunk sums go through an
+associative scan over chunks here: (K,) vectors, cheap next to the (K, V) state.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from kernels.pallas import common, prep
+from kernels.pallas.recurrence import Config, block_v, chunk_recurrence
+
+
+def _normaliser(qg, kd, p, gcl, z0):
+    """den (B,H,N,C) = q_t . z_t and the final z, from the chunk sums of Kd.
+    qg, kd: (B,H,N,C,K) f32; p (B,H,N,C,C); gcl (B,H,N); z0 (B,H,K)."""
+    decay = jnp.exp(gcl)[..., None]                     # (B,H,N,1)
+    add = jnp.sum(kd, axis=-2)                          # (B,H,N,K)
+
+    def combine(x, y):  # apply chunk x, then chunk y
+        return x[0] * y[0], y[0] * x[1] + y[1]
+
+    mul, off = lax.associative_scan(combine, (decay, add), axis=2)
+    z_end = mul * z0[:, :, None, :] + off               # z after each chunk
+    z_start = jnp.concatenate([z0[:, :, None, :], z_end[:, :, :-1]], axis=2)
+    den = jnp.einsum("bhncf,bhnf->bhnc", qg, z_start,
+                     precision=lax.Precision.HIGHEST) + jnp.sum(p, axis=-1)
+    return den, z_end[:, :, -1]
+
+
+def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None,
+                     initial_state=None, return_state=False, chunk_size=64,
+                     segment_ids=None, variant=None):
+    """S_t = exp(g_t) S_{t-1} + k_t v_t^T, z_t = exp(g_t) z_{t-1} + k_t,
+    o_t = S_t^T q_t / (z_t^T q_t + eps) (normalize) or S_t^T q_t.
+
+    q, k: (B,T,H,F); v: (B,T,H,Dv); log_decay: None | (H,) | (B,T,H).
+    State S (B,H,F,Dv) float32, or (S, z) with z (B,H,F) when normalize=True.
+    """
+    op = "kernels.pallas.linear_attention"
+    if segment_ids is not None:
+        raise NotImplementedError(f"{op}: segment_ids are not supported; use impl='chunk'")
+    variant = common.resolve_variant(variant)
+    common.check_chunk_size(op, chunk_size)
+    b, t, h, f = q.shape
+    dv = v.shape[-1]
+    common.check_head_dims(op, f, dv, variant)
+    dtype = jnp.result_type(q, k, v)
+    if dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
+        raise NotImplementedError(f"{op}: inputs must be float32/bfloat16/float16, got {dtype}")
+    c = chunk_size
+    n = -(-t // c)
+    tp = n * c
+    q, k, v = (common.pad_time(x.astype(dtype), tp) for x in (q, k, v))
+    if log_decay is None:
+        g = jnp.zeros((b, tp, h), jnp.float32)
+    else:
+        g = jnp.asarray(log_decay, jnp.float32)
+        if g.shape == (h,):
+            g = jnp.broadcast_to(g, (b, t, h))
+        elif g.shape != (b, t, h):
+            raise ValueError(f"{op}: log_decay must be (heads,) or (batch, time, heads) = "
+                             f"{(b, t, h)}, got {g.shape}")
+        g = common.pad_time(g, tp)
+
+    qc, kc, vc = (prep.chunked(x, b, h, n, c) for x in (q, k, v))
+    big_g, dmat, _ = prep.decay_terms(prep.chunked(g, b, h, n, c))
+    qg, kd, p, gcl = prep.intra_chunk(qc, kc, big_g, dmat, dtype)
+
+    if normalize:
+        if initial_state is None:
+            s0, z0 = None, jnp.zeros((b, h, f), jnp.float32)
+        else:
+            s0, z0 = initial_state
+            z0 = jnp.asarray(z0, jnp.float32)
+    else:
+        s0 = initial_state
+    s0 = (jnp.zeros((b, h, f, dv), jnp.float32) if s0 is None
+          else jnp.asarray(s0, jnp.float32))
+
+    out_dtype = jnp.float32 if normalize else dtype
+    cfg = Config(chunk=c, variant=variant, out_dtype=jnp.dtype(out_dtype).name,
+                 block_v=block_v(f, dv, variant))
+    o, st = chunk_recurrence(
+        None, prep.flat(vc), *(prep.flat(x.astype(dtype)) for x in (qg, kd, p)),
+        gcl.reshape(b * h, n, 1, 1), s0.reshape(b * h, f, dv), cfg)
+    st = st.reshape(b, h, f, dv)
+    if normalize:
+        den, z = _normaliser(qg, kd, p, gcl, z0)
+        o = o.reshape(b, h, tp, dv) / (den.reshape(b, h, tp)[..., None] + eps)
+        o = jnp.moveaxis(o, 1, 2)[:, :t].astype(dtype)
+        state = (st, z)
+    else:
+        o = common.from_chunk_major(o, b, h)[:, :t]
+        state = st
+    return (o, state) if return_state else o
