@@ -33,6 +33,17 @@ TASKS = ("lm", "mqar", "niah", "speed")
 
 
 # ----------------------------------------------------------------------------- the grid
+def flatten(d: Mapping[str, Any] | None, prefix: str = "") -> dict[str, Any]:
+    """{"model": {"mixer": "x"}} and {"model.mixer": "x"} both -> {"model.mixer": "x"}."""
+    out: dict[str, Any] = {}
+    for k, v in (d or {}).items():
+        if isinstance(v, Mapping):
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
 def _axis(cfg: Mapping, name: str, default):
     values = cfg.get(name)
     return list(values) if values else [default]
@@ -52,15 +63,16 @@ def expand_grid(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
     for setting, mixer, size, lr, seed in itertools.product(
             _axis(cfg, "settings", blank), _axis(cfg, "mixers", blank),
             _axis(cfg, "sizes", blank), _axis(cfg, "lrs", None), _axis(cfg, "seeds", 0)):
-        overrides = dict(cfg.get("overrides") or {})
+        overrides = flatten(cfg.get("overrides"))
         for part in (setting, mixer, size):
-            overrides.update(part.get("overrides") or {})
+            overrides.update(flatten(part.get("overrides")))
         if lr is not None:
             overrides[cfg["lr_key"]] = lr
         if task != "speed":
             overrides[cfg["seed_key"]] = seed
-        name = "__".join([setting["name"], mixer["name"], size["name"],
-                          "lr" + ("na" if lr is None else f"{lr:g}"), f"s{seed}"])
+        parts = [setting["name"], mixer["name"], size["name"],
+                 None if lr is None else f"lr{lr:g}", None if task == "speed" else f"s{seed}"]
+        name = "__".join(p for p in parts if p and p != "default")
         runs.append({"name": name, "setting": setting["name"], "mixer": mixer["name"],
                      "size": size["name"], "lr": lr, "seed": seed, "overrides": overrides})
     names = [r["name"] for r in runs]
@@ -154,7 +166,7 @@ def evaluate_run(task: str, run_dir: str, ecfg: Mapping[str, Any]) -> dict[str, 
 def run_speed(cfg: Mapping, run: Mapping, deadline: float | None, log) -> dict[str, Any]:
     from eval import speed
 
-    model_cfg = dict(cfg.get("model") or {})
+    model_cfg = dict(flatten(cfg.get("model")))
     for k, v in run["overrides"].items():
         if not k.startswith("model."):
             raise ValueError(f"speed task: override {k!r} is not a model.* key")

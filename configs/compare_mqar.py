@@ -1,0 +1,71 @@
+"""Zoology's MQAR grid: accuracy per mixer, setting and width; recall against state size.
+
+    python -m eval.compare --config=configs/compare_mqar.py --workdir=runs/compare_mqar
+    python -m eval.compare --config=configs/compare_mqar.py:reduced ...   # a few runs (GPU)
+    python -m eval.compare --config=configs/compare_mqar.py:tiny ...      # CPU machinery check
+
+(seq len, kv pairs) in {(64,4), (128,8), (256,16), (512,64)}, d_model in {64,128,256},
+2 layers without MLP, lr swept over logspace(-4,-2,4) (HazyResearch/zoology). Tables show
+the best lr per (setting, mixer, width); the scatter plot puts accuracy against the
+decode state size (numbers per sequence), Zoology's recall-memory figure.
+"""
+import ml_collections
+
+SETTINGS = [(64, 4), (128, 8), (256, 16), (512, 64)]
+MIXERS = ["softmax", "based", "gated_deltanet", "deltanet", "linear", "sliding_window",
+          "hedgehog", "performer", "lightning"]
+WIDTHS = [64, 128, 256]
+LRS = [1e-4, 4.6e-4, 2.2e-3, 1e-2]  # numpy.logspace(-4, -2, 4), rounded
+
+
+def _setting(seq_len, kv):
+  return {"name": f"T{seq_len}_kv{kv}",
+          "overrides": {"data.seq_len": seq_len, "data.num_kv_pairs": kv}}
+
+
+def _mixer(name):
+  return {"name": name, "overrides": {"model.mixer": name}}
+
+
+def _width(d, heads=2):
+  return {"name": f"d{d}", "overrides": {"model.d_model": d, "model.num_heads": heads}}
+
+
+def get_config(arg: str = ""):
+  c = ml_collections.ConfigDict()
+  c.title = "MQAR (Zoology grid): accuracy at the best lr"
+  c.task = "mqar"
+  c.base_config = "configs/mqar.py"
+  c.lr_key = "train.lr"
+  c.seed_key = "train.seed"
+  c.overrides = {"model": {"num_layers": 2, "mlp": False},
+                 "data": {"vocab_size": 8192},
+                 "train": {"steps": 4000, "batch_size": 64},
+                 "logging": {"wandb": "disabled"}}
+  c.settings = [_setting(*s) for s in SETTINGS]
+  c.mixers = [_mixer(m) for m in MIXERS]
+  c.sizes = [_width(d) for d in WIDTHS]
+  c.lrs = list(LRS)
+  c.seeds = [0]
+  c.eval = {"batch_size": 64, "num_batches": 16}  # 1,024 held-out examples per run
+  c.train_timeout_s = 3600
+  if arg == "reduced":  # what fits a few minutes of one GPU: the hardest short setting
+    c.settings = [_setting(256, 16)]
+    c.mixers = [_mixer(m) for m in ("softmax", "gated_deltanet", "based", "linear")]
+    c.sizes = [_width(128)]
+    c.lrs = [1e-3]
+    c.overrides.train.steps = 1500
+  elif arg == "tiny":  # CPU check of the sweep machinery: seconds per run
+    c.settings = [{"name": "T32_kv2", "overrides": {"data.seq_len": 32, "data.num_kv_pairs": 2}}]
+    c.mixers = [_mixer("softmax"), _mixer("gated_deltanet")]
+    c.sizes = [{"name": "d16", "overrides": {"model.d_model": 16, "model.num_heads": 2}}]
+    c.lrs = [1e-3, 3e-2]
+    c.overrides.model.num_layers = 1
+    c.overrides.data.vocab_size = 64
+    c.overrides.train.steps = 3
+    c.overrides.train.batch_size = 4
+    c.eval = {"batch_size": 8, "num_batches": 2}
+    c.train_timeout_s = 600
+  elif arg:
+    raise ValueError(f"compare_mqar: unknown variant {arg!r}; use '', 'reduced' or 'tiny'")
+  return c

@@ -1,0 +1,37 @@
+"""Speed: training tokens/s at T = 2,048 and 8,192, decode tokens/s and decode-state bytes
+against context length (1K..32K), for softmax (KV cache), gated_deltanet, based and the
+1-in-8 hybrid. Nothing is trained; each mixer is timed in-process (eval/speed.py).
+
+    python -m eval.compare --config=configs/compare_speed.py --workdir=runs/cmp_speed
+    python -m eval.compare --config=configs/compare_speed.py:tiny ...   # CPU check
+"""
+import ml_collections
+
+
+def _mixer(name, mixer, **extra):
+  o = {"model.mixer": mixer}
+  o.update({f"model.{k}": v for k, v in extra.items()})
+  return {"name": name, "overrides": o}
+
+
+def get_config(arg: str = ""):
+  c = ml_collections.ConfigDict()
+  c.title = "Speed: training and decode throughput"
+  c.task = "speed"
+  # The model every mixer shares (a ModelConfig dict): 8 layers, 1024 wide, bf16 compute.
+  c.model = {"vocab_size": 256, "d_model": 1024, "num_layers": 8, "num_heads": 8,
+             "dtype": "bfloat16", "max_len": 32768 + 64}
+  c.mixers = [_mixer("softmax", "softmax"), _mixer("gated_deltanet", "gated_deltanet"),
+              _mixer("based", "based"), _mixer("hybrid", "gated_deltanet", softmax_every=8)]
+  c.speed = {"train_lengths": (2048, 8192), "train_batch": 4, "train_steps": 5,
+             "decode_contexts": (1024, 4096, 16384, 32768), "decode_batch": 16,
+             "decode_tokens": 64}
+  if arg == "tiny":
+    c.model = {"vocab_size": 64, "d_model": 32, "num_layers": 2, "num_heads": 2,
+               "max_len": 256}
+    c.mixers = [_mixer("softmax", "softmax"), _mixer("gated_deltanet", "gated_deltanet")]
+    c.speed = {"train_lengths": (32, 64), "train_batch": 2, "train_steps": 2,
+               "decode_contexts": (16, 64), "decode_batch": 2, "decode_tokens": 4}
+  elif arg:
+    raise ValueError(f"compare_speed: unknown variant {arg!r}; use '' or 'tiny'")
+  return c
