@@ -31,8 +31,11 @@ Text (files, hf, tfds)
   val_fraction    last fraction of the token stream held out           [0.1]
   packing         random_windows (nanoGPT) | rows (stride seq_len,
                   a fresh permutation per epoch)                       [random_windows]
-  An end-of-document id (after the tokenizer's vocabulary) is added whenever
-  documents meet in a row: packing=rows, or more than one document.
+  eod             add an end-of-document id after the tokenizer's
+                  vocabulary                                           [None: when documents
+                                                                        can meet in a row:
+                                                                        packing=rows or
+                                                                        more than one document]
 
 MQAR (source=mqar; Zoology's layout, see data/mqar.py)
   vocab_size      task vocabulary (keys [1,V/2), values [V/2,V))       [8192]
@@ -63,11 +66,11 @@ from data.base import BATCH_KEYS, Dataset, cfg_get
 SOURCES = ("files", "hf", "tfds", "mqar", "niah", "mixture")
 
 
-def build(cfg_data: Mapping, *, seed: int, tokenizer=None, vocab_offset: int = 0) -> Dataset:
+def build(cfg_data: Mapping, *, seed: int, tokenizer=None) -> Dataset:
     """The Dataset that `cfg_data.source` names.
 
-    `tokenizer` and `vocab_offset` are for mixtures: text components share one
-    tokenizer, and each synthetic task gets its own id range after the text's.
+    `tokenizer` is for mixtures: text components share one tokenizer, and each
+    synthetic task appends its own ids after the vocabulary built so far.
     """
     source = cfg_get(cfg_data, "source", "files")
     if source in ("files", "hf", "tfds"):
@@ -75,10 +78,10 @@ def build(cfg_data: Mapping, *, seed: int, tokenizer=None, vocab_offset: int = 0
         return TextDataset(cfg_data, seed=seed, tokenizer=tokenizer)
     if source == "mqar":
         from data.mqar import MQARDataset
-        return MQARDataset(cfg_data, seed=seed, vocab_offset=vocab_offset)
+        return MQARDataset(cfg_data, seed=seed, tokenizer=tokenizer)
     if source == "niah":
         from data.niah import NIAHDataset
-        return NIAHDataset(cfg_data, seed=seed, tokenizer=tokenizer, vocab_offset=vocab_offset)
+        return NIAHDataset(cfg_data, seed=seed, tokenizer=tokenizer)
     if source == "mixture":
         from data.mixture import MixtureDataset
         return MixtureDataset(cfg_data, seed=seed)

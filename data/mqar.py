@@ -97,18 +97,23 @@ def generate(rng_or_seed, num_examples: int, seq_len: int, num_kv_pairs: int,
 
 class MQARDataset(Dataset):
     """Fresh MQAR examples every step, from rng([seed, step]); held-out set from a
-    separate stream. `vocab_offset` shifts every id (used inside mixtures)."""
+    separate stream. Given `tokenizer` (the vocabulary so far, in a mixture), MQAR's
+    ids are shifted to follow it."""
 
-    def __init__(self, cfg: Mapping, *, seed: int, vocab_offset: int = 0):
+    def __init__(self, cfg: Mapping, *, seed: int, tokenizer=None):
         self.seed = int(seed)
         self.seq_len = int(cfg_get(cfg, "seq_len", 64))
         self.num_kv_pairs = int(cfg_get(cfg, "num_kv_pairs", 4))
         self.task_vocab = int(cfg_get(cfg, "mqar_vocab_size", cfg_get(cfg, "vocab_size", 8192)))
         self.power_a = float(cfg_get(cfg, "power_a", 0.01))
         self.random_non_queries = bool(cfg_get(cfg, "random_non_queries", False))
-        self.vocab_offset = int(vocab_offset)
         check_shape(self.seq_len, self.num_kv_pairs, self.task_vocab)
-        self.tokenizer = IntegerTokenizer(self.vocab_offset + self.task_vocab)
+        if tokenizer is None:
+            self.vocab_offset = 0
+            self.tokenizer = IntegerTokenizer(self.task_vocab)
+        else:
+            self.vocab_offset = tokenizer.vocab_size
+            self.tokenizer = tokenizer.extend([f"<mqar{i}>" for i in range(self.task_vocab)])
 
     def _batch(self, step: int, batch_size: int, split: str) -> dict:
         out = generate(step_rng(self.seed, step, split), batch_size, self.seq_len,

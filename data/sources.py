@@ -95,7 +95,13 @@ def load_hf(name: str, *, split: str = "train", subset: str | None = None,
     except ImportError:
         raise ImportError("source='hf' needs the `datasets` package: pip install datasets") from None
     args = (name, subset) if subset else (name,)
-    ds = datasets.load_dataset(*args, split=split, streaming=streaming)
+    try:
+        ds = datasets.load_dataset(*args, split=split, streaming=streaming)
+    except (FileNotFoundError, ConnectionError, OSError, ValueError) as e:
+        raise ValueError(
+            f"could not load Hugging Face dataset {name!r} (subset {subset!r}, split "
+            f"{split!r}): {type(e).__name__}: {e}. Offline, give a local directory of "
+            "data files as data.name, or use source='files'") from e
     rows = itertools.islice(iter(ds), max_documents) if max_documents else iter(ds)
     docs = [_text_of(ex, text_field, f"dataset {name!r}") for ex in rows]
     docs = [d for d in docs if d]

@@ -77,7 +77,9 @@ class TextDataset(Dataset):
         # document cut into random windows needs none, so char-level tiny-Shakespeare
         # keeps nanoGPT's 65 symbols.
         rows = self.packing == "rows"
-        use_eod = rows or len(docs) > 1 or (val_docs is not None and len(val_docs) > 1)
+        use_eod = cfg_get(cfg, "eod")  # None: decide from the data
+        if use_eod is None:
+            use_eod = rows or len(docs) > 1 or (val_docs is not None and len(val_docs) > 1)
         self.tokenizer = toks.WithSpecials(base, [EOD] if use_eod else [])
         self.eod_id = self.tokenizer.id_of(EOD) if use_eod else None
 

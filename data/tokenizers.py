@@ -134,14 +134,23 @@ class SentencePieceTokenizer:
         lines = [ln for t in texts for ln in t.splitlines() if ln.strip()]
         if not lines:
             raise ValueError("cannot train SentencePiece on an empty corpus")
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=iter(lines), model_prefix=str(prefix), vocab_size=vocab_size,
-            model_type=model_type, character_coverage=1.0, byte_fallback=True,
-            # no BOS/EOS/PAD: datasets add their own end-of-document id.
-            bos_id=-1, eos_id=-1, pad_id=-1, unk_id=0,
-            normalization_rule_name="identity", remove_extra_whitespaces=False,
-            split_digits=True, allow_whitespace_only_pieces=True,
-            num_threads=2, minloglevel=2)
+        try:
+            spm.SentencePieceTrainer.train(
+                sentence_iterator=iter(lines), model_prefix=str(prefix), vocab_size=vocab_size,
+                model_type=model_type, character_coverage=1.0,
+                # byte fallback: unseen characters become their UTF-8 bytes (256 pieces),
+                # so every string round-trips.
+                byte_fallback=True,
+                # no BOS/EOS/PAD: datasets add their own end-of-document id.
+                bos_id=-1, eos_id=-1, pad_id=-1, unk_id=0,
+                normalization_rule_name="identity", remove_extra_whitespaces=False,
+                split_digits=True, allow_whitespace_only_pieces=True,
+                num_threads=2, minloglevel=2)
+        except RuntimeError as e:
+            raise ValueError(
+                f"SentencePiece training with data.vocab_size={vocab_size} failed: {e}. "
+                "The vocabulary needs 256 byte pieces plus the corpus's distinct "
+                "characters, and no more pieces than the corpus can fill") from e
         return cls(f"{prefix}.model")
 
     @property

@@ -1,0 +1,104 @@
+"""A weighted mixture of datasets sharing one sequence length and one vocabulary.
+
+Row r of batch `step` comes from the component picked by rng([seed, step, r]) with
+probability proportional to its `weight`; the rows picked for a component are that
+component's own `batch(step, n, split)`, so the whole batch is still a pure function of
+(seed, step, split).
+
+The vocabulary is laid out text first, then each synthetic task in config order:
+text ids (+ EOD) | NIAH specials | MQAR ids | ... . Text components share one
+tokenizer (that of the first text component), and always carry an EOD id.
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from data import tokenizers as toks
+from data.base import BATCH_KEYS, Dataset, cfg_get
+from data.order import derive_seed, step_rng
+
+TEXT_SOURCES = ("files", "hf", "tfds")
+_NOT_INHERITED = ("source", "components", "weight")
+
+
+def component_configs(cfg: Mapping) -> list[tuple[str, dict, float]]:
+    """(name, merged config, weight) per component; sub-configs inherit top-level keys."""
+    comps = cfg_get(cfg, "components")
+    if not comps:
+        raise ValueError("source='mixture' needs data.components: a list of sub-configs "
+                         "with a `weight` each, or a dict name -> sub-config")
+    if hasattr(comps, "items"):
+        named = [(str(k), v) for k, v in comps.items()]
+    else:
+        named = [(f"{cfg_get(c, 'source', 'files')}{i}", c) for i, c in enumerate(comps)]
+    top = {k: v for k, v in cfg.items() if k not in _NOT_INHERITED}
+    out = []
+    for name, sub in named:
+        sub = dict(sub.items())
+        merged = {**top, **sub}
+        if "source" not in sub:
+            raise ValueError(f"mixture component {name!r} has no `source`")
+        if merged["source"] == "mixture":
+            raise ValueError(f"mixture component {name!r} is itself a mixture; flatten it")
+        weight = float(sub.get("weight", 1.0))
+        if not np.isfinite(weight) or weight < 0:
+            raise ValueError(f"mixture component {name!r} has weight {weight}; use a number >= 0")
+        out.append((name, merged, weight))
+    lens = {m.get("seq_len") for _, m, _ in out}
+    if len(lens) != 1:
+        raise ValueError(f"mixture components must share seq_len; got "
+                         f"{ {n: m.get('seq_len') for n, m, _ in out} }. Set data.seq_len "
+                         "once at the top level")
+    if sum(w for _, _, w in out) <= 0:
+        raise ValueError("mixture weights sum to 0; give at least one positive weight")
+    return out
+
+
+class MixtureDataset(Dataset):
+    def __init__(self, cfg: Mapping, *, seed: int):
+        import data  # the top-level build, for the components
+
+        self.seed = int(seed)
+        specs = component_configs(cfg)
+        self.names = [n for n, _, _ in specs]
+        weights = np.array([w for _, _, w in specs], np.float64)
+        self.weights = weights / weights.sum()
+        self.components: dict[str, Dataset] = {}
+        tok = None
+        order = sorted(range(len(specs)), key=lambda i: specs[i][1]["source"] not in TEXT_SOURCES)
+        for i in order:  # text first, so synthetic ids land after the text vocabulary
+            name, sub, _ = specs[i]
+            if sub["source"] in TEXT_SOURCES:
+                sub = {**sub, "eod": True}
+            elif tok is None:
+                tok = toks.WithSpecials(toks.build(cfg_get(sub, "tokenizer", "byte")))
+            ds = data.build(sub, seed=derive_seed(self.seed, i), tokenizer=tok)
+            self.components[name] = ds
+            tok = ds.tokenizer
+        self.tokenizer = tok
+        self.seq_len = next(iter(self.components.values())).seq_len
+        for name, ds in self.components.items():
+            if ds.vocab_size > self.vocab_size:
+                raise AssertionError(f"component {name} exceeds the mixture vocabulary")
+
+    def choose(self, step: int, batch_size: int, split: str) -> np.ndarray:
+        """The component index of each row: rng([seed, step, row]) per row."""
+        cdf = np.cumsum(self.weights)
+        u = np.array([step_rng(self.seed, step, split, r).random() for r in range(batch_size)])
+        return np.minimum(np.searchsorted(cdf, u, side="right"), len(cdf) - 1)
+
+    def _batch(self, step: int, batch_size: int, split: str) -> dict:
+        which = self.choose(step, batch_size, split)
+        out = {k: None for k in BATCH_KEYS}
+        for c, name in enumerate(self.names):
+            rows = np.nonzero(which == c)[0]
+            if not len(rows):
+                continue
+            sub = self.components[name].batch(step, len(rows), split)
+            for k in BATCH_KEYS:
+                if out[k] is None:
+                    out[k] = np.zeros((batch_size,) + sub[k].shape[1:], sub[k].dtype)
+                out[k][rows] = sub[k]
+        return out
