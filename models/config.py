@@ -1,0 +1,142 @@
+"""ModelConfig: every hyper-parameter of a LanguageModel, with defaults.
+
+A frozen dataclass so a config is a plain value (hashable, safe to close over in jit).
+Training builds one from `config.model.to_dict()` with `ModelConfig.from_dict`; models
+never import ml_collections (the GPU machine lacks it).
+"""
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from typing import Any, Mapping
+
+DTYPES = ("float32", "bfloat16", "float16")
+IMPLS = ("auto", "parallel", "recurrent", "chunk", "pallas")
+FEATURE_MAPS = ("elu", "relu", "identity")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    # Sizes.
+    vocab_size: int = 256
+    d_model: int = 256
+    num_layers: int = 4
+    num_heads: int = 4
+    num_kv_heads: int = 0          # grouped-query attention; 0 = num_heads
+    head_dim: int = 0              # 0 = d_model // num_heads
+    # Which mixer each layer uses.
+    mixer: str = "softmax"         # a name in models.mixers.MIXERS
+    softmax_every: int = 0         # 0 = never; 8 = layers 7, 15, ... are softmax (1-in-8 hybrid)
+    layer_pattern: str = ""        # "" or one "L"/"S" per layer; overrides softmax_every
+    # MLP.
+    mlp: bool = True               # Zoology's MQAR runs have no MLP
+    d_ff: int = 0                  # 0 = SwiGLU default, ~8/3 d_model rounded up to 32
+    dropout: float = 0.0
+    # Mixer-specific.
+    window: int = 64               # sliding window (sliding_window, based)
+    feature_map: str = "elu"       # `linear`: elu, relu, identity
+    based_feature_dim: int = 16    # Based: q, k projected to this many dims per head
+    num_random_features: int = 256  # performer
+    conv_size: int = 4             # short causal conv (deltanet, gated_deltanet)
+    impl: str = "auto"             # kernels.ops implementation for linear ops
+    chunk_size: int = 64
+    rope_theta: float = 10000.0
+    max_len: int = 2048            # default KV-cache length
+    norm_eps: float = 1e-6
+    init_std: float = 0.02         # embedding init
+    # Numerics and memory.
+    dtype: str = "float32"         # compute dtype
+    param_dtype: str = "float32"   # parameters stay float32 by default
+    remat: bool = False            # rematerialise each block in the backward pass
+    tie_embeddings: bool = False
+
+    def __post_init__(self):
+        def fail(key, msg):
+            raise ValueError(f"ModelConfig.{key}={getattr(self, key)!r}: {msg}")
+
+        for key in ("vocab_size", "d_model", "num_layers", "num_heads", "window",
+                    "based_feature_dim", "num_random_features", "conv_size",
+                    "chunk_size", "max_len"):
+            if getattr(self, key) <= 0:
+                fail(key, "must be a positive integer")
+        for key in ("num_kv_heads", "head_dim", "d_ff", "softmax_every"):
+            if getattr(self, key) < 0:
+                fail(key, "must be >= 0 (0 means the default)")
+        if self.head_dim == 0 and self.d_model % self.num_heads:
+            fail("num_heads", f"must divide d_model={self.d_model}, or set head_dim")
+        if self.num_heads % self.resolved_kv_heads:
+            fail("num_kv_heads", f"must divide num_heads={self.num_heads}")
+        if self.layer_pattern:
+            if len(self.layer_pattern) != self.num_layers:
+                fail("layer_pattern", f"needs one letter per layer ({self.num_layers})")
+            if set(self.layer_pattern) - {"L", "S"}:
+                fail("layer_pattern", "may only hold 'L' (cfg.mixer) and 'S' (softmax)")
+        if not 0.0 <= self.dropout < 1.0:
+            fail("dropout", "must be in [0, 1)")
+        if self.dtype not in DTYPES:
+            fail("dtype", f"choose one of {DTYPES}")
+        if self.param_dtype not in DTYPES:
+            fail("param_dtype", f"choose one of {DTYPES}")
+        if self.impl not in IMPLS:
+            fail("impl", f"choose one of {IMPLS}")
+        if self.feature_map not in FEATURE_MAPS:
+            fail("feature_map", f"choose one of {FEATURE_MAPS}")
+
+    # Derived sizes (properties, so dataclasses.replace never leaves them stale).
+    @property
+    def resolved_kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_heads
+
+    @property
+    def resolved_head_dim(self) -> int:
+        return self.head_dim or self.d_model // self.num_heads
+
+    @property
+    def resolved_d_ff(self) -> int:
+        if self.d_ff:
+            return self.d_ff
+        return -(-int(8 * self.d_model / 3) // 32) * 32
+
+    def layer_mixers(self) -> list[str]:
+        """The mixer name of every layer: cfg.mixer, or "softmax" on the hybrid's S layers."""
+        names = []
+        for i in range(self.num_layers):
+            if self.layer_pattern:
+                softmax = self.layer_pattern[i] == "S"
+            else:
+                softmax = self.softmax_every > 0 and (i + 1) % self.softmax_every == 0
+            names.append("softmax" if softmax else self.mixer)
+        return names
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "ModelConfig":
+        """Build from a mapping; unknown keys and wrongly typed values raise ValueError."""
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        kwargs = {}
+        for key, value in d.items():
+            if key not in fields:
+                near = difflib.get_close_matches(key, list(fields), n=3, cutoff=0.5)
+                hint = f" Did you mean {', '.join(near)}?" if near else ""
+                raise ValueError(
+                    f"Unknown model config key {key!r}.{hint} Valid keys: "
+                    f"{', '.join(sorted(fields))}.")
+            kwargs[key] = _check_type(key, value, type(getattr(cls, key)))
+        return cls(**kwargs)
+
+
+def _check_type(key: str, value: Any, want: type) -> Any:
+    """Accept value for a field whose default has type `want` (ints pass as floats)."""
+    ok = {
+        bool: isinstance(value, bool),
+        int: isinstance(value, int) and not isinstance(value, bool),
+        float: isinstance(value, (int, float)) and not isinstance(value, bool),
+        str: isinstance(value, str),
+    }[want]
+    if not ok:
+        raise ValueError(
+            f"Model config key {key!r} must be {want.__name__}, got {value!r} "
+            f"({type(value).__name__}).")
+    return float(value) if want is float else value

@@ -1,0 +1,151 @@
+"""Small building blocks shared by the mixers and the LanguageModel.
+
+Every parameter carries logical axis names ("embed", "vocab", "mlp", "heads", "kv",
+"norm", None) as `sharding_names` metadata; training maps them to mesh axes. They are
+created with eager_sharding=False so a model builds with no mesh (tests, CPU) and gets
+placed later by the training code's shardings.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models.config import ModelConfig
+
+
+class Buffer(nnx.Variable):
+    """A non-trainable array stored with the model (e.g. Performer's fixed omega)."""
+
+
+def dtypes(cfg: ModelConfig):
+    """(compute dtype, parameter dtype) of a config."""
+    return jnp.dtype(cfg.dtype), jnp.dtype(cfg.param_dtype)
+
+
+def meta(*names):
+    return {"sharding_names": tuple(names), "eager_sharding": False}
+
+
+def dense(cfg: ModelConfig, d_in: int, d_out: int, axes: tuple, *, rngs: nnx.Rngs,
+          use_bias: bool = False, kernel_init=None) -> nnx.Linear:
+    """nnx.Linear in the compute dtype with float32 (param_dtype) weights and axis names."""
+    dtype, param_dtype = dtypes(cfg)
+    kwargs = {} if kernel_init is None else {"kernel_init": kernel_init}
+    return nnx.Linear(d_in, d_out, use_bias=use_bias, dtype=dtype, param_dtype=param_dtype,
+                      kernel_metadata=meta(*axes), bias_metadata=meta(axes[-1]),
+                      rngs=rngs, **kwargs)
+
+
+def rms_norm(cfg: ModelConfig, dim: int, *, rngs: nnx.Rngs) -> nnx.RMSNorm:
+    dtype, param_dtype = dtypes(cfg)
+    return nnx.RMSNorm(dim, epsilon=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype,
+                       scale_metadata=meta("norm"), rngs=rngs)
+
+
+class GatedRMSNorm(nnx.Module):
+    """RMSNorm over the last axis times silu(gate) (Gated DeltaNet's output norm, fla's
+    FusedRMSNormGated): y = x / rms(x) * scale * silu(g)."""
+
+    def __init__(self, cfg: ModelConfig, dim: int):
+        _, param_dtype = dtypes(cfg)
+        self.eps = cfg.norm_eps
+        self.scale = nnx.Param(jnp.ones((dim,), param_dtype), **meta("norm"))
+
+    def __call__(self, x, gate):
+        x32 = x.astype(jnp.float32)
+        y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+        y = y * self.scale[...].astype(jnp.float32) * jax.nn.silu(gate.astype(jnp.float32))
+        return y.astype(x.dtype)
+
+
+def l2_normalize(x, eps: float = 1e-6):
+    x32 = x.astype(jnp.float32)
+    return (x32 * jax.lax.rsqrt(jnp.sum(x32 * x32, axis=-1, keepdims=True) + eps)).astype(x.dtype)
+
+
+# --- Positions ------------------------------------------------------------------------
+
+def segment_positions(segment_ids, seq_len: int):
+    """Position of each token inside its own segment, (B, T) int32.
+
+    With segment_ids None every row counts 0..T-1. Packed documents restart at 0, so a
+    document gets the same rotary angles packed or alone.
+    """
+    t = jnp.arange(seq_len, dtype=jnp.int32)
+    if segment_ids is None:
+        return t[None, :]
+    starts = jnp.concatenate(
+        [jnp.ones_like(segment_ids[:, :1], dtype=bool),
+         segment_ids[:, 1:] != segment_ids[:, :-1]], axis=1)
+    start_index = jax.lax.cummax(jnp.where(starts, t[None, :], 0), axis=1)
+    return t[None, :] - start_index
+
+
+def rope(x, positions, theta: float):
+    """Rotary embedding (half-split form) of x (B, T, H, D) at positions (B|1, T)."""
+    d = x.shape[-1]
+    if d % 2:
+        raise ValueError(f"RoPE needs an even head_dim, got {d}")
+    freqs = theta ** (-jnp.arange(0, d // 2, dtype=jnp.float32) * 2.0 / d)
+    angles = positions.astype(jnp.float32)[..., None] * freqs  # (B, T, D/2)
+    cos, sin = jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
+    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
+    out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    return out.astype(x.dtype)
+
+
+# --- Short causal convolution ----------------------------------------------------------
+
+class ShortConv(nnx.Module):
+    """Depthwise causal conv over time followed by SiLU (fla's ShortConvolution).
+
+    y_t = silu(sum_i w_i x_{t-(c-1)+i}). Taps reaching into another segment are masked,
+    so packed documents never see each other. Decode state: the last c-1 inputs.
+    """
+
+    def __init__(self, cfg: ModelConfig, channels: int, *, rngs: nnx.Rngs):
+        _, param_dtype = dtypes(cfg)
+        self.size = cfg.conv_size
+        bound = 1.0 / math.sqrt(cfg.conv_size)  # torch Conv1d default, fan_in = c
+        w = jax.random.uniform(rngs.params(), (cfg.conv_size, channels), param_dtype,
+                               -bound, bound)
+        self.kernel = nnx.Param(w, **meta(None, "heads"))
+
+    def init_state(self, batch: int, channels: int, dtype):
+        return jnp.zeros((batch, self.size - 1, channels), dtype)
+
+    def __call__(self, x, *, segment_ids=None, state=None):
+        """x (B, T, C) -> (y (B, T, C), new state (B, c-1, C))."""
+        b, t, ch = x.shape
+        c = self.size
+        if state is None:
+            state = jnp.zeros((b, c - 1, ch), x.dtype)
+        xp = jnp.concatenate([state.astype(x.dtype), x], axis=1)  # (B, T+c-1, C)
+        w = self.kernel[...].astype(x.dtype)
+        y = jnp.zeros_like(x)
+        for i in range(c):
+            back = c - 1 - i  # this tap reads x_{t - back}
+            tap = xp[:, i:i + t]
+            if segment_ids is not None and back > 0:
+                prev = jnp.pad(segment_ids, ((0, 0), (back, 0)), constant_values=-1)[:, :t]
+                tap = jnp.where((prev == segment_ids)[..., None], tap, 0)
+            y = y + tap * w[i]
+        return jax.nn.silu(y), xp[:, xp.shape[1] - (c - 1):]
+
+
+# --- MLP ------------------------------------------------------------------------------
+
+class SwiGLU(nnx.Module):
+    """down(silu(gate(x)) * up(x))."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        d, f = cfg.d_model, cfg.resolved_d_ff
+        self.gate = dense(cfg, d, f, ("embed", "mlp"), rngs=rngs)
+        self.up = dense(cfg, d, f, ("embed", "mlp"), rngs=rngs)
+        self.down = dense(cfg, f, d, ("mlp", "embed"), rngs=rngs)
+
+    def __call__(self, x):
+        return self.down(jax.nn.silu(self.gate(x)) * self.up(x))

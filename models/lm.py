@@ -1,0 +1,118 @@
+"""LanguageModel: embed -> pre-norm blocks (mixer + optional SwiGLU MLP) -> norm -> head.
+
+Layer i's mixer is cfg.mixer, or softmax on the hybrid's S layers (ModelConfig.
+layer_mixers). Decoding: `init_cache`, then `prefill` of a prompt and/or `decode_step`
+per token; a cache is {"pos": int32 scalar, "layers": [one mixer state per layer]}.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from models.config import ModelConfig
+from models.layers import SwiGLU, dense, dtypes, meta, rms_norm
+from models.mixers import get_mixer
+
+
+class Block(nnx.Module):
+    """x + mixer(norm(x)), then x + mlp(norm(x)); dropout on each residual branch."""
+
+    def __init__(self, cfg: ModelConfig, mixer: str, *, rngs: nnx.Rngs):
+        self.mixer_norm = rms_norm(cfg, cfg.d_model, rngs=rngs)
+        self.mixer = get_mixer(mixer)(cfg, rngs=rngs)
+        self.mlp_norm = rms_norm(cfg, cfg.d_model, rngs=rngs) if cfg.mlp else None
+        self.mlp = SwiGLU(cfg, rngs=rngs) if cfg.mlp else None
+        self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
+
+    def _mlp(self, x, deterministic: bool):
+        if self.mlp is None:
+            return x
+        return x + self.dropout(self.mlp(self.mlp_norm(x)), deterministic=deterministic)
+
+    def __call__(self, x, *, segment_ids=None, deterministic: bool = True):
+        h = self.mixer(self.mixer_norm(x), segment_ids=segment_ids)
+        x = x + self.dropout(h, deterministic=deterministic)
+        return self._mlp(x, deterministic)
+
+    def prefill(self, x, state):
+        h, state = self.mixer.prefill(self.mixer_norm(x), state)
+        return self._mlp(x + h, True), state
+
+    def step(self, x_t, state):
+        h, state = self.mixer.step(self.mixer_norm(x_t), state)
+        return self._mlp(x_t + h, True), state
+
+
+class LanguageModel(nnx.Module):
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        dtype, param_dtype = dtypes(cfg)
+        self.embed = nnx.Embed(
+            cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=param_dtype,
+            embedding_init=nnx.initializers.normal(cfg.init_std),
+            embedding_metadata=meta("vocab", "embed"), rngs=rngs)
+        self.blocks = nnx.List([Block(cfg, name, rngs=rngs) for name in cfg.layer_mixers()])
+        self.final_norm = rms_norm(cfg, cfg.d_model, rngs=rngs)
+        self.head = (None if cfg.tie_embeddings else
+                     dense(cfg, cfg.d_model, cfg.vocab_size, ("embed", "vocab"), rngs=rngs))
+        self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
+
+    def layer_mixers(self) -> list[str]:
+        return self.cfg.layer_mixers()
+
+    def _logits(self, x):
+        x = self.final_norm(x)
+        if self.head is None:
+            w = self.embed.embedding[...]
+            return jnp.einsum("...d,vd->...v", x, w.astype(x.dtype),
+                              preferred_element_type=jnp.float32)
+        return self.head(x).astype(jnp.float32)
+
+    def __call__(self, tokens, *, segment_ids=None, deterministic: bool = True):
+        """tokens (B, T) int -> logits (B, T, V) float32. segment_ids (B, T) keeps packed
+        documents apart."""
+        x = self.dropout(self.embed(tokens), deterministic=deterministic)
+        for block in self.blocks:
+            if self.cfg.remat:
+                x = nnx.remat(lambda blk, x, seg: blk(x, segment_ids=seg,
+                                                      deterministic=deterministic))(
+                    block, x, segment_ids)
+            else:
+                x = block(x, segment_ids=segment_ids, deterministic=deterministic)
+        return self._logits(x)
+
+    # --- decoding ---------------------------------------------------------------------
+    def init_cache(self, batch: int, max_len: int | None = None):
+        max_len = max_len or self.cfg.max_len
+        return {"pos": jnp.zeros((), jnp.int32),
+                "layers": [b.mixer.init_state(batch, max_len) for b in self.blocks]}
+
+    def prefill(self, tokens, cache):
+        """Run a prompt (B, T) from a fresh cache: (logits (B, T, V), cache at pos T)."""
+        x = self.embed(tokens)
+        states = []
+        for block, state in zip(self.blocks, cache["layers"]):
+            x, state = block.prefill(x, state)
+            states.append(state)
+        pos = cache["pos"] + tokens.shape[1]
+        return self._logits(x), {"pos": pos, "layers": states}
+
+    def decode_step(self, token, cache):
+        """One token per sequence (B,) -> (logits (B, V), cache one position on)."""
+        x = self.embed(token)
+        states = []
+        for block, state in zip(self.blocks, cache["layers"]):
+            x, state = block.step(x, state)
+            states.append(state)
+        return self._logits(x), {"pos": cache["pos"] + 1, "layers": states}
+
+    def state_size(self, seq_len: int = 1) -> int:
+        """Numbers held per sequence while decoding after seq_len tokens, over all layers:
+        fixed states for linear mixers, plus seq_len x per-token cache for softmax."""
+        total = 0
+        for block in self.blocks:
+            n = block.mixer.state_size()
+            total += n * seq_len if getattr(block.mixer, "state_grows", False) else n
+        return total

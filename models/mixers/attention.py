@@ -1,0 +1,131 @@
+"""Softmax attention mixers: full causal (KV cache) and sliding window (ring buffer).
+
+Both are multi-head / grouped-query with RoPE. Full sequences go through
+kernels.ops.softmax_attention / sliding_window_attention, a decode step through
+kernels.ops.attend_to_cache (same 1/sqrt(D) scale, float32 softmax).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from kernels import ops
+from models.config import ModelConfig
+from models.layers import dense, rope, segment_positions
+from models.mixers.registry import register
+
+
+class _Attention(nnx.Module):
+    """Projections and RoPE shared by the softmax mixers."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.num_heads, self.kv_heads = cfg.num_heads, cfg.resolved_kv_heads
+        self.head_dim = d = cfg.resolved_head_dim
+        self.q_proj = dense(cfg, cfg.d_model, self.num_heads * d, ("embed", "heads"), rngs=rngs)
+        self.k_proj = dense(cfg, cfg.d_model, self.kv_heads * d, ("embed", "heads"), rngs=rngs)
+        self.v_proj = dense(cfg, cfg.d_model, self.kv_heads * d, ("embed", "heads"), rngs=rngs)
+        self.o_proj = dense(cfg, self.num_heads * d, cfg.d_model, ("heads", "embed"), rngs=rngs)
+
+    def _qkv(self, x, positions):
+        b, t, _ = x.shape
+        d = self.head_dim
+        q = self.q_proj(x).reshape(b, t, self.num_heads, d)
+        k = self.k_proj(x).reshape(b, t, self.kv_heads, d)
+        v = self.v_proj(x).reshape(b, t, self.kv_heads, d)
+        theta = self.cfg.rope_theta
+        return rope(q, positions, theta), rope(k, positions, theta), v
+
+    def _out(self, o):
+        b, t = o.shape[:2]
+        return self.o_proj(o.reshape(b, t, self.num_heads * self.head_dim))
+
+    def _cache(self, batch: int, length: int):
+        dtype = jnp.dtype(self.cfg.dtype)
+        shape = (batch, length, self.kv_heads, self.head_dim)
+        return {"k": jnp.zeros(shape, dtype), "v": jnp.zeros(shape, dtype),
+                "pos": jnp.zeros((), jnp.int32)}
+
+
+@register("softmax")
+class SoftmaxAttention(_Attention):
+    """Causal multi-head / grouped-query softmax attention with RoPE; decodes with a KV
+    cache of max_len tokens."""
+
+    state_grows = True  # state_size() is per cached token
+
+    def __call__(self, x, *, segment_ids=None):
+        q, k, v = self._qkv(x, segment_positions(segment_ids, x.shape[1]))
+        return self._out(ops.softmax_attention(q, k, v, segment_ids=segment_ids, causal=True))
+
+    def init_state(self, batch: int, max_len: int):
+        return self._cache(batch, max_len)
+
+    def prefill(self, x, state):
+        t = x.shape[1]
+        if t > state["k"].shape[1]:
+            raise ValueError(f"prefill of {t} tokens does not fit a KV cache of "
+                             f"{state['k'].shape[1]}; pass a larger max_len to init_state")
+        q, k, v = self._qkv(x, segment_positions(None, t))
+        y = self._out(ops.softmax_attention(q, k, v, causal=True))
+        state = {"k": state["k"].at[:, :t].set(k.astype(state["k"].dtype)),
+                 "v": state["v"].at[:, :t].set(v.astype(state["v"].dtype)),
+                 "pos": jnp.asarray(t, jnp.int32)}
+        return y, state
+
+    def step(self, x_t, state):
+        """One token at position state["pos"] (must stay below the cache length)."""
+        pos = state["pos"]
+        q, k, v = self._qkv(x_t[:, None], jnp.full((1, 1), pos, jnp.int32))
+        kc = jax.lax.dynamic_update_slice_in_dim(state["k"], k.astype(state["k"].dtype), pos, 1)
+        vc = jax.lax.dynamic_update_slice_in_dim(state["v"], v.astype(state["v"].dtype), pos, 1)
+        o = ops.attend_to_cache(q[:, 0], kc, vc, pos + 1)  # slots [0, pos] are filled
+        return self._out(o[:, None])[:, 0], {"k": kc, "v": vc, "pos": pos + 1}
+
+    def state_size(self) -> int:
+        return 2 * self.kv_heads * self.head_dim
+
+
+@register("sliding_window")
+class SlidingWindowAttention(_Attention):
+    """Causal softmax attention over the last `window` tokens (self included), RoPE;
+    decodes with a ring buffer of `window` keys and values."""
+
+    state_grows = False
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        super().__init__(cfg, rngs=rngs)
+        self.window = cfg.window
+
+    def __call__(self, x, *, segment_ids=None):
+        q, k, v = self._qkv(x, segment_positions(segment_ids, x.shape[1]))
+        o = ops.sliding_window_attention(q, k, v, window=self.window, segment_ids=segment_ids)
+        return self._out(o)
+
+    def init_state(self, batch: int, max_len: int):
+        return self._cache(batch, self.window)  # never more than the window
+
+    def prefill(self, x, state):
+        t, w = x.shape[1], self.window
+        q, k, v = self._qkv(x, segment_positions(None, t))
+        y = self._out(ops.sliding_window_attention(q, k, v, window=w))
+        keep = jnp.arange(max(0, t - w), t)  # the last w positions go to slots pos % w
+        state = {"k": state["k"].at[:, keep % w].set(k[:, keep].astype(state["k"].dtype)),
+                 "v": state["v"].at[:, keep % w].set(v[:, keep].astype(state["v"].dtype)),
+                 "pos": jnp.asarray(t, jnp.int32)}
+        return y, state
+
+    def step(self, x_t, state):
+        pos, w = state["pos"], self.window
+        q, k, v = self._qkv(x_t[:, None], jnp.full((1, 1), pos, jnp.int32))
+        slot = pos % w
+        kc = jax.lax.dynamic_update_slice_in_dim(state["k"], k.astype(state["k"].dtype), slot, 1)
+        vc = jax.lax.dynamic_update_slice_in_dim(state["v"], v.astype(state["v"].dtype), slot, 1)
+        # The buffer holds exactly the last min(pos+1, w) tokens; softmax ignores slot order.
+        valid = ops.ring_buffer_mask(jnp.full((x_t.shape[0],), pos + 1), w)
+        o = ops.attend_to_cache(q[:, 0], kc, vc, valid)
+        return self._out(o[:, None])[:, 0], {"k": kc, "v": vc, "pos": pos + 1}
+
+    def state_size(self) -> int:
+        return self.window * 2 * self.kv_heads * self.head_dim

@@ -1,0 +1,59 @@
+"""Based (Arora et al. 2024): Taylor linear attention plus exact sliding-window softmax.
+
+The linear part projects q and k to cfg.based_feature_dim (16) per head, scales them by
+d^(-1/4) and applies the second-order Taylor map, so phi(q) . phi(k) = 1 + s + s^2/2 with
+s = q . k / sqrt(d) (273 features at d = 16), normalised as in Based's
+`LinearAttention`. The window part is exact softmax over the last cfg.window tokens (64).
+Based interleaves the two; here one mixer holds both and sums their outputs, so the
+layer recalls precisely nearby (window) and approximately far away (Taylor state).
+"""
+from __future__ import annotations
+
+from flax import nnx
+
+from models import feature_maps as fm
+from models.config import ModelConfig
+from models.mixers.attention import SlidingWindowAttention
+from models.mixers.linear import _FeatureMapAttention
+from models.mixers.registry import register
+
+
+class TaylorLinearAttention(_FeatureMapAttention):
+    """Based's linear attention: Taylor features of q, k projected to `feature_dim`."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        super().__init__(cfg, rngs=rngs, qk_dim=cfg.based_feature_dim)
+
+    def feature_dim(self) -> int:
+        return fm.taylor_dim(self.qk_dim)
+
+    def _phi(self, x, *, query: bool):
+        return fm.taylor(x * self.qk_dim ** -0.25)
+
+
+@register("based")
+class Based(nnx.Module):
+    state_grows = False
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.linear = TaylorLinearAttention(cfg, rngs=rngs)
+        self.window = SlidingWindowAttention(cfg, rngs=rngs)
+
+    def __call__(self, x, *, segment_ids=None):
+        return self.linear(x, segment_ids=segment_ids) + self.window(x, segment_ids=segment_ids)
+
+    def init_state(self, batch: int, max_len: int = 0):
+        return {"linear": self.linear.init_state(batch), "window": self.window.init_state(batch, max_len)}
+
+    def prefill(self, x, state):
+        y1, s1 = self.linear.prefill(x, state["linear"])
+        y2, s2 = self.window.prefill(x, state["window"])
+        return y1 + y2, {"linear": s1, "window": s2}
+
+    def step(self, x_t, state):
+        y1, s1 = self.linear.step(x_t, state["linear"])
+        y2, s2 = self.window.step(x_t, state["window"])
+        return y1 + y2, {"linear": s1, "window": s2}
+
+    def state_size(self) -> int:
+        return self.linear.state_size() + self.window.state_size()

@@ -1,0 +1,123 @@
+"""Delta-rule mixers (kernels.ops.gated_delta_rule): `gated_deltanet` and `deltanet`.
+
+Gated DeltaNet (Yang, Kautz & Hatamizadeh, ICLR 2025; fla's `GatedDeltaNet` layer):
+  q, k, v = silu(short_conv(proj(x)))            depthwise causal conv, size cfg.conv_size
+  q, k    = l2norm(q), l2norm(k); q *= 1/sqrt(K)
+  beta    = sigmoid(b_proj(x))
+  log a   = -exp(A_log) * softplus(a_proj(x) + dt_bias)     (decay in (0, 1))
+  S_t     = a_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,   o_t = S_t^T q_t
+  y       = o_proj(rmsnorm(o) * scale * silu(g_proj(x)))
+DeltaNet (Schlag et al. 2021; Yang et al. 2024; fla's `DeltaNet`) is the same with no
+decay (log a = 0) and a plain RMSNorm on the output, no gate.
+Decode state: S (B, H, K, V) float32 plus the last conv_size-1 inputs of each conv.
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from kernels import ops
+from models.config import ModelConfig
+from models.layers import GatedRMSNorm, ShortConv, dense, dtypes, l2_normalize, meta
+from models.mixers.recurrent import RecurrentMixer
+from models.mixers.registry import register
+
+
+class _DeltaRule(RecurrentMixer):
+    gated = False
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        super().__init__(cfg)
+        h, d = self.num_heads, self.head_dim
+        self.q_proj = dense(cfg, cfg.d_model, h * d, ("embed", "heads"), rngs=rngs)
+        self.k_proj = dense(cfg, cfg.d_model, h * d, ("embed", "heads"), rngs=rngs)
+        self.v_proj = dense(cfg, cfg.d_model, h * d, ("embed", "heads"), rngs=rngs)
+        self.b_proj = dense(cfg, cfg.d_model, h, ("embed", "heads"), rngs=rngs)
+        self.q_conv = ShortConv(cfg, h * d, rngs=rngs)
+        self.k_conv = ShortConv(cfg, h * d, rngs=rngs)
+        self.v_conv = ShortConv(cfg, h * d, rngs=rngs)
+        self.o_proj = dense(cfg, h * d, cfg.d_model, ("heads", "embed"), rngs=rngs)
+
+    def _log_alpha(self, x):
+        return None
+
+    def _inputs(self, x, *, segment_ids, conv_state):
+        b, t, _ = x.shape
+        h, d = self.num_heads, self.head_dim
+        cs = conv_state or {}
+        q, cq = self.q_conv(self.q_proj(x), segment_ids=segment_ids, state=cs.get("q"))
+        k, ck = self.k_conv(self.k_proj(x), segment_ids=segment_ids, state=cs.get("k"))
+        v, cv = self.v_conv(self.v_proj(x), segment_ids=segment_ids, state=cs.get("v"))
+        q = l2_normalize(q.reshape(b, t, h, d)) * (1.0 / math.sqrt(d))
+        k = l2_normalize(k.reshape(b, t, h, d))
+        v = v.reshape(b, t, h, d)
+        beta = jax.nn.sigmoid(self.b_proj(x).astype(jnp.float32))
+        log_alpha = self._log_alpha(x)
+        if log_alpha is None:
+            log_alpha = jnp.zeros_like(beta)
+        inputs = {"q": q.astype(v.dtype), "k": k, "v": v, "log_alpha": log_alpha, "beta": beta}
+        return inputs, {"q": cq, "k": ck, "v": cv}
+
+    def _op(self, inputs, *, segment_ids, initial_state, return_state, impl):
+        return ops.gated_delta_rule(
+            inputs["q"], inputs["k"], inputs["v"], inputs["log_alpha"], inputs["beta"],
+            segment_ids=segment_ids, initial_state=initial_state, return_state=return_state,
+            impl=impl, chunk_size=self.cfg.chunk_size)
+
+    def _op_state(self, batch: int):
+        d = self.head_dim
+        return jnp.zeros((batch, self.num_heads, d, d), jnp.float32)
+
+    def _conv_state(self, batch: int):
+        c = self.num_heads * self.head_dim
+        dtype = dtypes(self.cfg)[0]
+        return {name: conv.init_state(batch, c, dtype)
+                for name, conv in (("q", self.q_conv), ("k", self.k_conv), ("v", self.v_conv))}
+
+
+@register("gated_deltanet")
+class GatedDeltaNet(_DeltaRule):
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        super().__init__(cfg, rngs=rngs)
+        h, d = self.num_heads, self.head_dim
+        _, param_dtype = dtypes(cfg)
+        self.a_proj = dense(cfg, cfg.d_model, h, ("embed", "heads"), rngs=rngs)
+        self.g_proj = dense(cfg, cfg.d_model, h * d, ("embed", "heads"), rngs=rngs)
+        # Mamba-2 / fla init: A ~ U(1, 16); dt ~ logU(1e-3, 1e-1), dt_bias = softplus^-1(dt).
+        a_key, dt_key = jax.random.split(rngs.params())
+        a = jax.random.uniform(a_key, (h,), jnp.float32, 1.0, 16.0)
+        self.A_log = nnx.Param(jnp.log(a).astype(param_dtype), **meta("heads"))
+        dt = jnp.exp(jax.random.uniform(dt_key, (h,), jnp.float32,
+                                        math.log(1e-3), math.log(1e-1)))
+        dt = jnp.maximum(dt, 1e-4)
+        self.dt_bias = nnx.Param((dt + jnp.log(-jnp.expm1(-dt))).astype(param_dtype),
+                                 **meta("heads"))
+        self.o_norm = GatedRMSNorm(cfg, d)
+
+    def _log_alpha(self, x):
+        a = self.a_proj(x).astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
+        return -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(a)
+
+    def _output(self, o, x):
+        b, t, h, d = o.shape
+        g = self.g_proj(x).reshape(b, t, h, d)
+        return self.o_proj(self.o_norm(o, g).reshape(b, t, h * d))
+
+
+@register("deltanet")
+class DeltaNet(_DeltaRule):
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        super().__init__(cfg, rngs=rngs)
+        dtype, param_dtype = dtypes(cfg)
+        self.o_norm = nnx.RMSNorm(self.head_dim, epsilon=cfg.norm_eps, dtype=dtype,
+                                  param_dtype=param_dtype, scale_metadata=meta("norm"),
+                                  rngs=rngs)
+
+    def _output(self, o, x):
+        b, t, h, d = o.shape
+        return self.o_proj(self.o_norm(o).reshape(b, t, h * d))

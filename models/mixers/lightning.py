@@ -1,0 +1,68 @@
+"""Lightning attention (MiniMax-01, 2025; TransNormerLLM before it).
+
+  q, k, v = silu(qkv_proj(x))
+  S_t     = exp(-slope_h) S_{t-1} + k_t v_t^T,   o_t = S_t^T q_t     (no denominator)
+  y       = out_proj(sigmoid(output_gate(x)) * rmsnorm(o))
+
+slope_h are ALiBi's head slopes, a fixed geometric sequence, so heads remember over
+different horizons. (MiniMax also shrinks them with depth; a mixer does not know its
+layer index here, so every layer uses the base slopes.)
+"""
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from kernels import ops
+from models.config import ModelConfig
+from models.layers import dense, rms_norm
+from models.mixers.recurrent import RecurrentMixer, zeros_state
+from models.mixers.registry import register
+
+
+def alibi_slopes(n: int) -> list[float]:
+    """ALiBi slopes (Press et al. 2022): 2^(-8/n), its powers; interleaved for n != 2^k."""
+    def power_of_two(m):
+        start = 2.0 ** (-8.0 / m)
+        return [start ** (i + 1) for i in range(m)]
+    if math.log2(n).is_integer():
+        return power_of_two(n)
+    closest = 2 ** math.floor(math.log2(n))
+    return power_of_two(closest) + alibi_slopes(2 * closest)[0::2][: n - closest]
+
+
+@register("lightning")
+class LightningAttention(RecurrentMixer):
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        super().__init__(cfg)
+        h, d = self.num_heads, self.head_dim
+        self.qkv_proj = dense(cfg, cfg.d_model, 3 * h * d, ("embed", "heads"), rngs=rngs)
+        self.output_gate = dense(cfg, cfg.d_model, h * d, ("embed", "heads"), rngs=rngs)
+        self.norm = rms_norm(cfg, h * d, rngs=rngs)
+        self.out_proj = dense(cfg, h * d, cfg.d_model, ("heads", "embed"), rngs=rngs)
+        self.slopes = tuple(alibi_slopes(h))  # static: fixed, not trained
+
+    def _inputs(self, x, *, segment_ids, conv_state):
+        b, t, _ = x.shape
+        h, d = self.num_heads, self.head_dim
+        qkv = jax.nn.silu(self.qkv_proj(x)).reshape(b, t, 3, h, d)
+        return {"q": qkv[:, :, 0], "k": qkv[:, :, 1], "v": qkv[:, :, 2]}, None
+
+    def _op(self, inputs, *, segment_ids, initial_state, return_state, impl):
+        log_decay = -jnp.asarray(self.slopes, jnp.float32)
+        return ops.linear_attention(
+            inputs["q"], inputs["k"], inputs["v"], normalize=False, log_decay=log_decay,
+            segment_ids=segment_ids, initial_state=initial_state, return_state=return_state,
+            impl=impl, chunk_size=self.cfg.chunk_size)
+
+    def _output(self, o, x):
+        b, t = o.shape[:2]
+        o = self.norm(o.reshape(b, t, -1))
+        return self.out_proj(jax.nn.sigmoid(self.output_gate(x)) * o)
+
+    def _op_state(self, batch: int):
+        return zeros_state(batch, self.num_heads, self.head_dim, self.head_dim, normalize=False)

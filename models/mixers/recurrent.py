@@ -1,0 +1,83 @@
+"""The shared skeleton of every mixer with a fixed-size recurrent state.
+
+A subclass says how to turn x into the op's inputs (`_inputs`), which op to run (`_op`)
+and how to turn the op's output into y (`_output`). This class then gives the full
+call, prefill and decode step from those three pieces, so all three run the same math:
+the full call uses cfg.impl (chunk/parallel/...), a decode step the same op with
+impl="recurrent" on one token, starting from the state the previous step returned.
+"""
+from __future__ import annotations
+
+import jax.numpy as jnp
+from flax import nnx
+
+from models.config import ModelConfig
+
+
+class RecurrentMixer(nnx.Module):
+    state_grows = False
+
+    def __init__(self, cfg: ModelConfig):
+        self.cfg = cfg
+        self.num_heads = cfg.num_heads
+        self.head_dim = cfg.resolved_head_dim
+
+    # --- what a subclass provides -------------------------------------------------------
+    def _inputs(self, x, *, segment_ids, conv_state):
+        """x (B, T, d_model) -> (dict of op inputs, new conv state or None)."""
+        raise NotImplementedError
+
+    def _op(self, inputs, *, segment_ids, initial_state, return_state, impl):
+        raise NotImplementedError
+
+    def _output(self, o, x):
+        """op output (B, T, H, Dv) and the mixer input x -> y (B, T, d_model)."""
+        raise NotImplementedError
+
+    def _op_state(self, batch: int):
+        """The op's zero state (array or tuple of arrays, float32)."""
+        raise NotImplementedError
+
+    def _conv_state(self, batch: int):
+        return None  # mixers with a short conv override
+
+    # --- the interface ------------------------------------------------------------------
+    def __call__(self, x, *, segment_ids=None):
+        inputs, _ = self._inputs(x, segment_ids=segment_ids, conv_state=None)
+        o = self._op(inputs, segment_ids=segment_ids, initial_state=None, return_state=False,
+                     impl=self.cfg.impl)
+        return self._output(o, x)
+
+    def init_state(self, batch: int, max_len: int = 0):
+        state = {"attn": self._op_state(batch)}
+        conv = self._conv_state(batch)
+        if conv is not None:
+            state["conv"] = conv
+        return state
+
+    def prefill(self, x, state):
+        return self._run(x, state, impl=self.cfg.impl)
+
+    def step(self, x_t, state):
+        y, state = self._run(x_t[:, None], state, impl="recurrent")
+        return y[:, 0], state
+
+    def _run(self, x, state, *, impl):
+        inputs, conv = self._inputs(x, segment_ids=None, conv_state=state.get("conv"))
+        o, attn = self._op(inputs, segment_ids=None, initial_state=state["attn"],
+                           return_state=True, impl=impl)
+        new = {"attn": attn}
+        if conv is not None:
+            new["conv"] = conv
+        return self._output(o, x), new
+
+    def state_size(self) -> int:
+        """Numbers held per sequence while decoding (counted from the state's shapes)."""
+        import jax
+        leaves = jax.tree.leaves(jax.eval_shape(lambda: self.init_state(1)))
+        return int(sum(leaf.size for leaf in leaves))
+
+
+def zeros_state(batch, heads, f, dv, *, normalize: bool):
+    s = jnp.zeros((batch, heads, f, dv), jnp.float32)
+    return (s, jnp.zeros((batch, heads, f), jnp.float32)) if normalize else s
