@@ -8,6 +8,10 @@ component's own `batch(step, n, split)`, so the whole batch is still a pure func
 The vocabulary is laid out text first, then each synthetic task in config order:
 text ids (+ EOD) | NIAH specials | MQAR ids | ... . Text components share one
 tokenizer (that of the first text component), and always carry an EOD id.
+
+Components inherit the top-level keys they do not set (seq_len, tokenizer, files, ...),
+except `vocab_size`, which at the top level belongs to the text tokenizer: give an MQAR
+component its task vocabulary in the component itself.
 """
 from __future__ import annotations
 
@@ -33,13 +37,18 @@ def component_configs(cfg: Mapping) -> list[tuple[str, dict, float]]:
         named = [(str(k), v) for k, v in comps.items()]
     else:
         named = [(f"{cfg_get(c, 'source', 'files')}{i}", c) for i, c in enumerate(comps)]
-    top = {k: v for k, v in cfg.items() if k not in _NOT_INHERITED}
+    top = {k: v for k, v in cfg.items() if k not in _NOT_INHERITED and v is not None}
     out = []
     for name, sub in named:
-        sub = dict(sub.items())
-        merged = {**top, **sub}
+        sub = {k: v for k, v in sub.items() if v is not None}
         if "source" not in sub:
             raise ValueError(f"mixture component {name!r} has no `source`")
+        inherited = dict(top)
+        if sub["source"] not in TEXT_SOURCES:
+            # a top-level vocab_size sizes the text tokenizer (SentencePiece); a task's
+            # own vocabulary is set in its component
+            inherited.pop("vocab_size", None)
+        merged = {**inherited, **sub}
         if merged["source"] == "mixture":
             raise ValueError(f"mixture component {name!r} is itself a mixture; flatten it")
         weight = float(sub.get("weight", 1.0))

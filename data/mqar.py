@@ -113,7 +113,11 @@ class MQARDataset(Dataset):
             self.tokenizer = IntegerTokenizer(self.task_vocab)
         else:
             self.vocab_offset = tokenizer.vocab_size
-            self.tokenizer = tokenizer.extend([f"<mqar{i}>" for i in range(self.task_vocab)])
+            # each MQAR component of a mixture gets its own id range and names
+            prefix, k = "mqar", 1
+            while tokenizer.has(f"<{prefix}0>"):
+                prefix, k = f"mqar{k}_", k + 1
+            self.tokenizer = tokenizer.extend([f"<{prefix}{i}>" for i in range(self.task_vocab)])
 
     def _batch(self, step: int, batch_size: int, split: str) -> dict:
         out = generate(step_rng(self.seed, step, split), batch_size, self.seq_len,

@@ -12,8 +12,9 @@ The queried needle starts at position round(depth * (H - L)) of the H-token hays
 Multi-key distractor needles (other keys, other digits) sit at random places around it.
 The loss mask is 1 exactly where the targets are the answer digits.
 
-Special ids come after `base_vocab` (the text tokenizer's vocabulary):
-[NEEDLE], [Q], the digits 0-9, then `key_vocab` key ids; see `special_names`.
+Special ids come after `base_vocab` (the text tokenizer's vocabulary; absolute ids,
+also inside a mixture): [NEEDLE], [Q], the digits 0-9, then `key_vocab` key ids; see
+`special_names`. Two NIAH components of one mixture share these ids.
 """
 from __future__ import annotations
 
@@ -183,12 +184,23 @@ class NIAHDataset(Dataset):
             tokenizer = toks.WithSpecials(toks.build(
                 cfg_get(cfg, "tokenizer", "byte"), docs,
                 tokenizer_dir=cfg_get(cfg, "tokenizer_dir"), vocab_size=cfg_get(cfg, "vocab_size")))
-        self.base_vocab = tokenizer.vocab_size
+        names = special_names(self.key_vocab)
+        if tokenizer.has(NEEDLE):
+            # another NIAH task of the same mixture: share its [NEEDLE], [Q], digit and
+            # key ids, so passkey and multi-key examples speak one vocabulary
+            self.base_vocab = tokenizer.id_of(NEEDLE)
+            missing = [n for n in names if not tokenizer.has(n)]
+            if missing or any(tokenizer.id_of(n) != self.base_vocab + i for i, n in enumerate(names)):
+                raise ValueError("NIAH components of one mixture must share key_vocab "
+                                 f"(this one needs {names[-1]!r})")
+            self.tokenizer = tokenizer
+        else:
+            self.base_vocab = tokenizer.vocab_size
+            self.tokenizer = tokenizer.extend(names)
         self.filler_vocab = int(cfg_get(cfg, "filler_vocab", tokenizer.base.vocab_size))
         self.filler_tokens = None
         if docs is not None:
             self.filler_tokens = np.concatenate(encode_documents(tokenizer.base, docs))
-        self.tokenizer = tokenizer.extend(special_names(self.key_vocab))
 
     def _depths(self, rng, n):
         if self.depths is None:

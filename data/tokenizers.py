@@ -263,7 +263,10 @@ class WithSpecials:
 
     def __init__(self, base, specials: Sequence[str] = ()):
         if len(set(specials)) != len(specials):
-            raise ValueError(f"duplicate special token names in {list(specials)}")
+            seen, dup = set(), []
+            for name in specials:
+                (dup.append(name) if name in seen else seen.add(name))
+            raise ValueError(f"duplicate special token names: {dup[:5]}")
         self.base = base
         self.specials = list(specials)
         self._ids = {name: base.vocab_size + i for i, name in enumerate(self.specials)}
@@ -292,7 +295,9 @@ class WithSpecials:
             return self.base.encode_array(text)
         return np.asarray(self.base.encode(text), dtype=np.int32)
 
-    def decode(self, ids: Iterable[int]) -> str:
+    def decode(self, ids: Iterable[int], skip_specials: bool = False) -> str:
+        """Text of `ids`; special ids appear by name unless `skip_specials` (e.g. to
+        count the bytes of the text alone)."""
         out, run, n = [], [], self.base.vocab_size
         for i in ids:
             i = int(i)
@@ -302,6 +307,8 @@ class WithSpecials:
             if run:
                 out.append(self.base.decode(run))
                 run = []
+            if skip_specials:
+                continue
             k = i - n
             out.append(self.specials[k] if k < len(self.specials) else f"<|id{i}|>")
         if run:

@@ -82,3 +82,25 @@ def test_config_errors(tmp_path):
     with pytest.raises(ValueError, match="weight"):
         data.build({"source": "mixture", "seq_len": 64, "components": [
             {"source": "mqar", "weight": -1}]}, seed=0)
+
+
+def test_top_level_vocab_size_stays_with_the_text_tokenizer(tmp_path):
+    cfg = {"source": "mixture", "seq_len": 64, "vocab_size": 300, "components": [
+        {"source": "mqar", "num_kv_pairs": 2},
+        {"source": "mqar", "num_kv_pairs": 2, "vocab_size": 128}]}
+    ds = data.build(cfg, seed=0)
+    a, b = ds.components["mqar0"], ds.components["mqar1"]
+    assert a.task_vocab == 8192 and b.task_vocab == 128
+    assert ds.vocab_size == 256 + 8192 + 128  # byte ids first, then each task
+
+
+def test_two_niah_tasks_share_their_special_ids():
+    cfg = {"source": "mixture", "seq_len": 64, "components": {
+        "passkey": {"source": "niah", "niah_kind": "passkey"},
+        "multikey": {"source": "niah", "niah_kind": "multikey", "num_keys": 2}}}
+    ds = data.build(cfg, seed=0)
+    assert ds.vocab_size == 256 + 12 + 64
+    p, m = ds.components["passkey"], ds.components["multikey"]
+    assert p.base_vocab == m.base_vocab == 256
+    b = ds.batch(0, 16)
+    assert ((b["inputs"] == 257).sum(axis=1) == 1).all()  # one [Q] per row, same id

@@ -205,3 +205,53 @@ def test_random_windows_are_nanogpt_windows(tmp_path):
         np.testing.assert_array_equal(b["inputs"][i], ds.train_tokens[s:s + 20])
         np.testing.assert_array_equal(b["targets"][i], ds.train_tokens[s + 1:s + 21])
     assert (b["segment_ids"] == 1).all()
+
+
+# ---------------------------------------------------------------- environment
+
+def test_plain_reading_matches_datasets_when_datasets_is_absent(tmp_path, monkeypatch):
+    import sys
+
+    text = "one\ntwo\n\nthree é\n\n\nfour\n" * 5
+    f = write(tmp_path, "p.txt", text)
+    modes = ("document", "paragraph", "line")
+    with_hf = [data.sources.load_files(f, mode) for mode in modes]
+    monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets -> ImportError
+    plain = [data.sources.load_files(f, mode) for mode in modes]
+    assert plain == with_hf
+
+
+def test_data_imports_neither_jax_nor_optional_packages():
+    import subprocess
+    import sys
+
+    code = ("import sys; import data, data.text, data.mqar, data.niah, data.mixture, "
+            "data.tokenizers, data.sources; "
+            "bad = [m for m in ('jax', 'datasets', 'tensorflow_datasets', 'sentencepiece', "
+            "'ml_collections') if m in sys.modules]; assert not bad, bad")
+    import pathlib
+
+    repo = pathlib.Path(__file__).resolve().parents[2]
+    subprocess.run([sys.executable, "-c", code], cwd=repo, check=True)
+
+
+def test_config_dict_with_placeholders_is_accepted(tmp_path):
+    ml_collections = pytest.importorskip("ml_collections")
+    from ml_collections import config_dict
+
+    f = write(tmp_path, "c.txt", "abc " * 100)
+    cfg = ml_collections.ConfigDict({"source": "files", "files": f, "seq_len": 8,
+                                     "tokenizer": "byte",
+                                     "val_fraction": config_dict.placeholder(float),
+                                     "packing": config_dict.placeholder(str)})
+    ds = data.build(cfg, seed=0)
+    assert len(ds.val_tokens) == 40  # the default 0.1 held out
+    np.testing.assert_array_equal(ds.batch(1, 2)["inputs"],
+                                  data.build(dict(cfg), seed=0).batch(1, 2)["inputs"])
+
+
+def test_decode_can_skip_specials():
+    tok = tokenizers.WithSpecials(tokenizers.ByteTokenizer(), ["<|eod|>"])
+    ids = tok.encode("ab") + [256] + tok.encode("c")
+    assert tok.decode(ids) == "ab<|eod|>c"
+    assert tok.decode(ids, skip_specials=True) == "abc"
