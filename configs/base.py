@@ -41,6 +41,7 @@ def get_config() -> ml_collections.ConfigDict:
       max_documents=config_dict.placeholder(int),
       cache_dir=config_dict.placeholder(str),
       data_dir=config_dict.placeholder(str),
+      eod=config_dict.placeholder(bool),
   ))
 
   c.train = ml_collections.ConfigDict(dict(

@@ -15,6 +15,7 @@ import math
 import os
 import pathlib
 import sys
+import uuid
 import warnings
 from typing import Any, Mapping
 
@@ -98,8 +99,9 @@ class WandbLogger:
       print("wandb is not installed; logging to metrics.jsonl only", file=sys.stderr)
       return
     workdir = pathlib.Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
     id_file = workdir / "wandb_id.txt"
-    run_id = id_file.read_text().strip() if id_file.exists() else wandb.util.generate_id()
+    run_id = id_file.read_text().strip() if id_file.exists() else uuid.uuid4().hex[:12]
     id_file.write_text(run_id)
     try:
       with warnings.catch_warnings():
