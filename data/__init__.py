@@ -39,6 +39,7 @@ Text (files, hf, tfds)
 
 MQAR (source=mqar; Zoology's layout, see data/mqar.py)
   vocab_size      task vocabulary (keys [1,V/2), values [V/2,V))       [8192]
+                  (mqar_vocab_size, if set, wins over vocab_size)
   num_kv_pairs    key-value pairs per example                          [4]
   power_a         query-gap power law exponent                         [0.01]
   random_non_queries  fill with random tokens instead of 0             [False]
@@ -47,15 +48,22 @@ NIAH (source=niah; see data/niah.py)
   niah_kind       passkey | multikey                                   [passkey]
   niah_depths     depths to sample from, fractions in [0,1]            [None: uniform]
   num_keys        needles in a multikey haystack                       [4]
-  key_vocab       reserved key ids (multikey)                          [64]
+  key_vocab       reserved key ids                                     [64]
+  key_len         ids per key (multikey)                               [1]
   num_digits      digits in the answer                                 [5]
-  files / name    text for the haystack (tokenised with `tokenizer`)   [None: random filler]
-  filler_vocab    random filler ids drawn from [0, filler_vocab)       [tokenizer vocab]
+  files / name    text for the haystack, tokenised with `tokenizer`    [None: random filler]
+  filler_source   files | hf | tfds: where files/name point            [files if files else hf]
+  filler_vocab    random filler ids drawn from [0, filler_vocab)       [text tokenizer vocab]
 
 Mixture (source=mixture; see data/mixture.py)
-  components      list of sub-configs each with a `weight`, or a dict
-                  name -> sub-config; sub-configs inherit the top-level
-                  keys (seq_len, tokenizer, ...) they do not set.
+  components      list of sub-configs each with a `weight` [1], or a dict
+                  name -> sub-config. Sub-configs inherit the top-level keys
+                  they do not set (seq_len, tokenizer, files, ...), except
+                  vocab_size (top level: the text tokenizer's).
+                  Ids: text (+ EOD) first, then each task's own range.
+
+Held-out data: text keeps the last val_fraction of its tokens (eval_batches walks it
+in order); synthetic tasks draw their held-out batches from rng([seed, i, EVAL_STREAM]).
 """
 from __future__ import annotations
 

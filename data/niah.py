@@ -198,9 +198,15 @@ class NIAHDataset(Dataset):
             self.base_vocab = tokenizer.vocab_size
             self.tokenizer = tokenizer.extend(names)
         self.filler_vocab = int(cfg_get(cfg, "filler_vocab", tokenizer.base.vocab_size))
-        self.filler_tokens = None
+        # Haystack text: training batches cut it from the first (1 - val_fraction) of the
+        # text, held-out batches (and `filler_tokens`, what eval.recall uses) from the
+        # rest, unless the rest is too short to hold a haystack.
+        self.filler_tokens = self.train_filler_tokens = None
         if docs is not None:
-            self.filler_tokens = np.concatenate(encode_documents(tokenizer.base, docs))
+            stream = np.concatenate(encode_documents(tokenizer.base, docs))
+            train, val = packing.split_stream(stream, float(cfg_get(cfg, "val_fraction", 0.1)))
+            self.train_filler_tokens = train if len(train) >= self.seq_len else stream
+            self.filler_tokens = val if len(val) >= self.seq_len else stream
 
     def _depths(self, rng, n):
         if self.depths is None:
@@ -209,7 +215,8 @@ class NIAHDataset(Dataset):
 
     def _batch(self, step: int, batch_size: int, split: str) -> dict:
         rng = step_rng(self.seed, step, split)
+        filler = self.train_filler_tokens if split == "train" else self.filler_tokens
         out = generate(rng, batch_size, self.seq_len, self._depths(rng, batch_size), self.kind,
-                       self.num_keys, self.filler_tokens, self.base_vocab, self.filler_vocab,
+                       self.num_keys, filler, self.base_vocab, self.filler_vocab,
                        self.num_digits, self.key_vocab, self.key_len)
         return packing.make_batch(out["inputs"], out["targets"], None, out["mask"])

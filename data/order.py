@@ -22,6 +22,10 @@ def canonical_split(split: str) -> str:
         raise ValueError(f"unknown split {split!r}; use 'train' or 'val'") from None
 
 
+# Note: SeedSequence ignores trailing zeros ([s, t, 0] == [s, t]), so a stream tag
+# must never be 0.
+
+
 def step_rng(seed: int, step: int, split: str = "train", *extra: int) -> np.random.Generator:
     """The generator for batch `step` of `split`: rng([seed, step]) for training."""
     if step < 0:

@@ -208,8 +208,8 @@ class HFTokenizer:
             raise ValueError(
                 f"could not load Hugging Face tokenizer {name!r} ({'; '.join(errors)}). "
                 "Install `tokenizers` (pip install tokenizers), pass a local directory "
-                "with tokenizer.json when offline, or use tokenizer='byte', 'char' or "
-                "'sentencepiece'.")
+                "with tokenizer.json when offline (HF_HUB_OFFLINE=1 skips the network "
+                "retries), or use tokenizer='byte', 'char' or 'sentencepiece'.")
 
     @property
     def vocab_size(self) -> int:

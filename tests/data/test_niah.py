@@ -114,7 +114,11 @@ def test_dataset_vocab_depths_and_order(tmp_path):
         assert min(abs(pos / hay - d) for d in (0.0, 0.5, 1.0)) <= 7 / hay + 1e-9
     # haystack text from a file, tokenised by the text tokenizer
     f = tmp_path / "hay.txt"
-    f.write_text("the grass is green. the sky is blue. " * 40)
-    ds = data.build({"source": "niah", "files": str(f), "seq_len": 96}, seed=0)
-    row = ds.batch(0, 1)["inputs"][0]
-    assert "the sky is blue" in ds.tokenizer.decode(row)
+    f.write_text("the grass is green. the sky is blue. " * 40 + "NIGHT IS DARK. " * 20)
+    ds = data.build({"source": "niah", "files": str(f), "seq_len": 96, "val_fraction": 0.15},
+                    seed=0)
+    train_text = ds.tokenizer.decode(ds.batch(0, 8)["inputs"].ravel())
+    val_text = ds.tokenizer.decode(ds.batch(0, 8, "val")["inputs"].ravel())
+    # training haystacks come from the first 85% of the text, held-out ones from the rest
+    assert "the sky is blue" in train_text and "NIGHT" not in train_text
+    assert "NIGHT IS DARK" in val_text and "sky" not in val_text

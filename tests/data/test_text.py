@@ -59,9 +59,35 @@ def test_tokenizer_configs_rebuild_the_same_tokenizer():
     assert again.decode(ids) == "hello<|eod|>there"
 
 
-def test_hf_tokenizer_offline_error_is_clear():
-    with pytest.raises(ValueError, match="Hugging Face tokenizer 'no-such/tokenizer-xyz'"):
-        tokenizers.HFTokenizer("no-such/tokenizer-xyz")
+def test_hf_tokenizer_missing_packages_error_is_clear(monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(ValueError, match="Hugging Face tokenizer 'gpt2'.*pip install tokenizers"):
+        tokenizers.HFTokenizer("gpt2")
+
+
+def test_hf_tokenizer_from_a_local_tokenizer_json(tmp_path):
+    hf = pytest.importorskip("tokenizers")
+    tok = hf.Tokenizer(hf.models.BPE(unk_token="[UNK]"))
+    tok.pre_tokenizer = hf.pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = hf.decoders.ByteLevel()
+    trainer = hf.trainers.BpeTrainer(vocab_size=300, special_tokens=["[UNK]"],
+                                     initial_alphabet=hf.pre_tokenizers.ByteLevel.alphabet())
+    corpus = ["the state of the linear attention layer"] * 50
+    tok.train_from_iterator(corpus, trainer)
+    (tmp_path / "tok").mkdir()
+    tok.save(str(tmp_path / "tok" / "tokenizer.json"))
+    f = write(tmp_path, "c.txt", "the linear state " * 40)
+    ds = data.build({"source": "files", "files": f, "tokenizer": str(tmp_path / "tok"),
+                     "seq_len": 8}, seed=0)
+    t = ds.tokenizer
+    assert t.base.vocab_size == tok.get_vocab_size() and t.kind == "hf"
+    s = "the linear attention state"
+    assert t.encode(s) == tok.encode(s).ids and t.decode(t.encode(s)) == s
+    assert len(t.encode(s)) < len(s) / 2
+    assert tokenizers.from_config(t.to_config()).encode(s) == t.encode(s)
 
 
 # ---------------------------------------------------------------- files source
