@@ -9,6 +9,7 @@ from data import sources, tokenizers
 
 
 def test_hf_streaming_from_a_local_dataset_directory(tmp_path):
+    pytest.importorskip("datasets")
     rows = [{"content": f"document number {i}\n" * 3, "id": i} for i in range(30)]
     with open(tmp_path / "train.jsonl", "w") as f:
         for r in rows:
@@ -27,7 +28,7 @@ def test_hf_streaming_from_a_local_dataset_directory(tmp_path):
 
 
 def test_hf_passes_name_subset_split_and_streams(monkeypatch):
-    import datasets
+    datasets = pytest.importorskip("datasets")
 
     calls = []
 
@@ -42,7 +43,7 @@ def test_hf_passes_name_subset_split_and_streams(monkeypatch):
 
 
 def test_hf_load_failure_names_the_dataset(monkeypatch):
-    import datasets
+    datasets = pytest.importorskip("datasets")
 
     def offline(*args, **kwargs):
         raise ConnectionError("no network")
@@ -67,6 +68,7 @@ def test_tfds_data_source_under_mock_data():
 
 
 def test_sentencepiece_trains_locally_and_round_trips(tmp_path):
+    pytest.importorskip("sentencepiece")
     words = ["linear", "attention", "state", "recall", "needle", "haystack", "token",
              "kernel", "chunk", "delta", "rule", "gate"]
     rng = np.random.default_rng(0)

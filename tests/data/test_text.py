@@ -238,6 +238,7 @@ def test_random_windows_are_nanogpt_windows(tmp_path):
 def test_plain_reading_matches_datasets_when_datasets_is_absent(tmp_path, monkeypatch):
     import sys
 
+    pytest.importorskip("datasets")
     text = "one\ntwo\n\nthree é\n\n\nfour\n" * 5
     f = write(tmp_path, "p.txt", text)
     modes = ("document", "paragraph", "line")
