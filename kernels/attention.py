@@ -8,6 +8,7 @@ outputs in the query dtype. With segment_ids, a token sees only tokens with the 
 from __future__ import annotations
 
 import math
+import numbers
 
 import jax
 import jax.numpy as jnp
@@ -57,7 +58,7 @@ def softmax_attention(q, k, v, *, segment_ids=None, causal=True, scale=None, win
         raise ValueError(f"softmax_attention: causal, window and segment masks need as many "
                          f"queries as keys (got {t} and {s}); for one query against a cache "
                          f"use attend_to_cache")
-    if window is not None and window < 1:
+    if window is not None and (not isinstance(window, numbers.Integral) or window < 1):
         raise ValueError(f"softmax_attention: window must be >= 1, got {window}")
     mask = None
     if segment_ids is not None:
@@ -68,7 +69,8 @@ def softmax_attention(q, k, v, *, segment_ids=None, causal=True, scale=None, win
         mask = (seg[:, :, None] == seg[:, None, :])[:, None]  # (B, 1, T, S)
     local = None
     if window is not None:
-        local = (window - 1, 0) if causal else (window - 1, window - 1)
+        w = int(window)
+        local = (w - 1, 0) if causal else (w - 1, w - 1)
     kwargs = dict(mask=mask, scale=scale, is_causal=causal, local_window_size=local)
 
     if impl == "auto":
@@ -156,7 +158,7 @@ def sliding_window_attention(q, k, v, *, window, segment_ids=None, scale=None, i
     if q.shape[1] != k.shape[1]:
         raise ValueError(f"sliding_window_attention: q has {q.shape[1]} tokens, k has "
                          f"{k.shape[1]}; they must match")
-    if not isinstance(window, int) or window < 1:
+    if not isinstance(window, numbers.Integral) or window < 1:
         raise ValueError(f"sliding_window_attention: window must be a positive int, got "
                          f"{window!r}")
     if impl not in WINDOW_IMPLS:
@@ -169,7 +171,7 @@ def sliding_window_attention(q, k, v, *, window, segment_ids=None, scale=None, i
     if impl == "auto":
         impl = "blocked" if q.shape[1] > 2 * window else "masked"
     fn = _sliding_window_blocked if impl == "blocked" else _sliding_window_masked
-    return fn(q, k, v, window, segment_ids, scale)
+    return fn(q, k, v, int(window), segment_ids, scale)
 
 
 def attend_to_cache(q_t, k_cache, v_cache, length_or_mask, scale=None):
