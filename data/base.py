@@ -14,13 +14,6 @@ def cfg_get(cfg: Mapping, key: str, default: Any = None) -> Any:
     return default if value is None else value
 
 
-def require(cfg: Mapping, key: str, why: str) -> Any:
-    value = cfg_get(cfg, key)
-    if value is None:
-        raise ValueError(f"data.{key} is required {why}")
-    return value
-
-
 class Dataset:
     """Batches as a pure function of (seed, step, split).
 

@@ -5,9 +5,9 @@ probability proportional to its `weight`; the rows picked for a component are th
 component's own `batch(step, n, split)`, so the whole batch is still a pure function of
 (seed, step, split).
 
-The vocabulary is laid out text first, then each synthetic task in config order:
-text ids (+ EOD) | NIAH specials | MQAR ids | ... . Text components share one
-tokenizer (that of the first text component), and always carry an EOD id.
+The vocabulary is laid out text (+ EOD) | NIAH specials | each MQAR task's ids. Text
+components share one tokenizer (that of the first text component) and always carry an
+EOD id; NIAH components share one set of special ids.
 
 Components inherit the top-level keys they do not set (seq_len, tokenizer, files, ...),
 except `vocab_size`, which at the top level belongs to the text tokenizer: give an MQAR
@@ -76,13 +76,17 @@ class MixtureDataset(Dataset):
         self.weights = weights / weights.sum()
         self.components: dict[str, Dataset] = {}
         tok = None
-        order = sorted(range(len(specs)), key=lambda i: specs[i][1]["source"] not in TEXT_SOURCES)
-        for i in order:  # text first, so synthetic ids land after the text vocabulary
+        # Text first, so task ids land after the text vocabulary; then NIAH (its haystack
+        # is text); MQAR last. Without text, NIAH builds the text tokenizer itself and
+        # MQAR alone starts from an empty vocabulary (ids as in a plain MQAR run).
+        rank = {**{s: 0 for s in TEXT_SOURCES}, "niah": 1, "mqar": 2}
+        order = sorted(range(len(specs)), key=lambda i: rank.get(specs[i][1]["source"], 3))
+        for i in order:
             name, sub, _ = specs[i]
             if sub["source"] in TEXT_SOURCES:
                 sub = {**sub, "eod": True}
-            elif tok is None:
-                tok = toks.WithSpecials(toks.build(cfg_get(sub, "tokenizer", "byte")))
+            elif tok is None and sub["source"] == "mqar":
+                tok = toks.WithSpecials(toks.IntegerTokenizer(0))
             ds = data.build(sub, seed=derive_seed(self.seed, i), tokenizer=tok)
             self.components[name] = ds
             tok = ds.tokenizer

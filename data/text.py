@@ -4,7 +4,7 @@ Two ways to cut the tokenised stream into rows (`data.packing`):
 - `random_windows` (default, nanoGPT): each row is a window of seq_len + 1 tokens at
   a uniformly random start, drawn by rng([seed, step]).
 - `rows`: consecutive rows at stride seq_len, visited in a fresh permutation each
-  epoch (the permutation of epoch e is drawn by rng([seed, e])).
+  epoch (the permutation of epoch e is drawn by rng([seed, e, 1])).
 
 The held-out split is the last `val_fraction` of the token stream (nanoGPT's 90/10),
 or a separate split of the source when `data.val_split` is set. `eval_batches` walks

@@ -41,20 +41,22 @@ def test_rows_follow_rng_of_seed_step_row_and_match_components(tmp_path):
 
 def test_vocabulary_layout_is_disjoint(tmp_path):
     ds = data.build(mixture_cfg(tmp_path), seed=0)
-    # bytes + EOD | MQAR's 512 ids | NIAH's 12 + 64 specials
+    # bytes + EOD | NIAH's 12 + 64 specials | MQAR's 512 ids
     assert ds.components["text"].vocab_size == 257
-    assert ds.components["mqar"].vocab_offset == 257
-    assert ds.vocab_size == 257 + 512 + 76
+    assert ds.components["niah"].base_vocab == 257
+    off = ds.components["mqar"].vocab_offset
+    assert off == 257 + 76 and ds.vocab_size == off + 512
     which = ds.choose(0, 64, "train")
     b = ds.batch(0, 64)
     text, mq, nh = (b["inputs"][which == c] for c in range(3))
     assert text.max() < 257
-    assert ((mq >= 257) & (mq < 257 + 512)).all()
-    assert (nh == 257 + 512).any() and (nh == 257 + 512 + 1).any()  # [NEEDLE], [Q]
-    assert ds.tokenizer.decode([257 + 512]) == "[NEEDLE]"
+    assert ((mq >= off) & (mq < off + 512)).all()
+    assert (nh == 257).any() and (nh == 258).any()  # [NEEDLE], [Q]
+    assert nh.max() < off
+    assert ds.tokenizer.decode([257, off + 3]) == "[NEEDLE]<mqar3>"
     # the MQAR rows are Zoology's layout shifted by the offset
     mq_t = b["targets"][which == 1][b["mask"][which == 1] > 0]
-    assert ((mq_t >= 257 + 256) & (mq_t < 257 + 512)).all()
+    assert ((mq_t >= off + 256) & (mq_t < off + 512)).all()
 
 
 def test_weights_are_respected(tmp_path):
@@ -91,7 +93,8 @@ def test_top_level_vocab_size_stays_with_the_text_tokenizer(tmp_path):
     ds = data.build(cfg, seed=0)
     a, b = ds.components["mqar0"], ds.components["mqar1"]
     assert a.task_vocab == 8192 and b.task_vocab == 128
-    assert ds.vocab_size == 256 + 8192 + 128  # byte ids first, then each task
+    assert ds.vocab_size == 8192 + 128  # no text: each task's range, in order
+    assert (a.vocab_offset, b.vocab_offset) == (0, 8192)
 
 
 def test_two_niah_tasks_share_their_special_ids():
