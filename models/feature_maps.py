@@ -60,11 +60,13 @@ def gaussian_projection(key, num_features: int, dim: int, *, orthogonal: bool = 
         return jax.random.normal(key, (num_features, dim), jnp.float32)
     num_blocks = -(-num_features // dim)
     block_key, norm_key = jax.random.split(key)
-    blocks = []
-    for bkey in jax.random.split(block_key, num_blocks):
-        q, _ = jnp.linalg.qr(jax.random.normal(bkey, (dim, dim), jnp.float32))
-        blocks.append(q.T)  # rows orthonormal
-    rows = jnp.concatenate(blocks, axis=0)[:num_features]
+    g = jax.random.normal(block_key, (num_blocks, dim, dim), jnp.float32)
+    q, r = jnp.linalg.qr(g)  # batched over blocks
+    # Sign-fix by diag(R) so each Q is Haar-distributed; raw QR output is biased in
+    # direction, and so would be the estimate.
+    signs = jnp.where(jnp.diagonal(r, axis1=-2, axis2=-1) < 0, -1.0, 1.0)
+    blocks = jnp.swapaxes(q * signs[:, None, :], -1, -2)  # rows orthonormal
+    rows = blocks.reshape(num_blocks * dim, dim)[:num_features]
     norms = jnp.linalg.norm(jax.random.normal(norm_key, (num_features, dim), jnp.float32),
                             axis=-1)
     return rows * norms[:, None]
