@@ -40,7 +40,8 @@ Text (files, hf, tfds)
 MQAR (source=mqar; Zoology's layout, see data/mqar.py)
   vocab_size      task vocabulary (keys [1,V/2), values [V/2,V))       [8192]
                   (mqar_vocab_size, if set, wins over vocab_size)
-  num_kv_pairs    key-value pairs per example                          [4]
+  num_kv_pairs    key-value pairs per example, or a list: each row
+                  draws one of them                                    [4]
   power_a         query-gap power law exponent                         [0.01]
   random_non_queries  fill with random tokens instead of 0             [False]
 

@@ -103,11 +103,15 @@ class MQARDataset(Dataset):
     def __init__(self, cfg: Mapping, *, seed: int, tokenizer=None):
         self.seed = int(seed)
         self.seq_len = int(cfg_get(cfg, "seq_len", 64))
-        self.num_kv_pairs = int(cfg_get(cfg, "num_kv_pairs", 4))
+        kv = cfg_get(cfg, "num_kv_pairs", 4)
+        # a list trains on several recall loads at once: each row draws its count
+        self.kv_choices = [int(k) for k in kv] if isinstance(kv, (list, tuple)) else [int(kv)]
+        self.num_kv_pairs = self.kv_choices[0] if len(self.kv_choices) == 1 else list(self.kv_choices)
         self.task_vocab = int(cfg_get(cfg, "mqar_vocab_size", cfg_get(cfg, "vocab_size", 8192)))
         self.power_a = float(cfg_get(cfg, "power_a", 0.01))
         self.random_non_queries = bool(cfg_get(cfg, "random_non_queries", False))
-        check_shape(self.seq_len, self.num_kv_pairs, self.task_vocab)
+        for k in self.kv_choices:
+            check_shape(self.seq_len, k, self.task_vocab)
         if tokenizer is None:
             self.vocab_offset = 0
             self.tokenizer = IntegerTokenizer(self.task_vocab)
@@ -120,9 +124,21 @@ class MQARDataset(Dataset):
             self.tokenizer = tokenizer.extend([f"<{prefix}{i}>" for i in range(self.task_vocab)])
 
     def _batch(self, step: int, batch_size: int, split: str) -> dict:
-        out = generate(step_rng(self.seed, step, split), batch_size, self.seq_len,
-                       self.num_kv_pairs, self.task_vocab, self.power_a,
-                       self.random_non_queries)
+        rng = step_rng(self.seed, step, split)
+        if len(self.kv_choices) == 1:
+            out = generate(rng, batch_size, self.seq_len, self.kv_choices[0],
+                           self.task_vocab, self.power_a, self.random_non_queries)
+        else:
+            counts = rng.choice(self.kv_choices, size=batch_size)
+            out = {"inputs": np.zeros((batch_size, self.seq_len), np.int32),
+                   "targets": np.zeros((batch_size, self.seq_len), np.int32),
+                   "mask": np.zeros((batch_size, self.seq_len), np.float32)}
+            for k in sorted(set(counts.tolist())):
+                rows = np.nonzero(counts == k)[0]
+                part = generate(rng, len(rows), self.seq_len, k, self.task_vocab,
+                                self.power_a, self.random_non_queries)
+                for key in out:
+                    out[key][rows] = part[key]
         inputs = out["inputs"] + self.vocab_offset
         targets = out["targets"] + self.vocab_offset
         return packing.make_batch(inputs, targets, None, out["mask"])

@@ -143,3 +143,15 @@ def test_dataset_order_is_a_function_of_seed_and_step():
     # step s of a run is the Zoology generator fed rng([seed, step])
     ref = mqar.generate(np.random.default_rng([3, 5]), 8, 64, 4)
     np.testing.assert_array_equal(x1["inputs"], ref["inputs"])
+
+
+def test_dataset_with_several_kv_counts():
+    ds = data.build({"source": "mqar", "seq_len": 64, "num_kv_pairs": [2, 4, 8]}, seed=0)
+    b = ds.batch(0, 60)
+    queries = b["mask"].sum(axis=1).astype(int)
+    assert set(queries.tolist()) == {2, 4, 8}
+    for row, n in zip(b["inputs"], queries):
+        keys = row[0:2 * n:2]
+        assert ((keys >= 1) & (keys < 4096)).all() and len(set(keys)) == n
+        assert (row[2 * n:] != 0).sum() == n  # each key queried once after its context
+    np.testing.assert_array_equal(b["inputs"], ds.batch(0, 60)["inputs"])
