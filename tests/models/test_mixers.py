@@ -1,0 +1,164 @@
+"""Every registered mixer: decode == forward, prefill + decode == forward, packed
+segments == documents alone, causality, fixed-size state, hand-counted state_size."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from models import MIXERS, get_mixer
+from models import feature_maps as fm
+from tests.models.helpers import Functional, close, tiny_config
+
+B, T, SPLIT = 2, 20, 12
+ALL = sorted(MIXERS)
+LINEAR = [m for m in ALL if m != "softmax"]
+_CACHE = {}
+
+
+def build(name, **overrides):
+    key = (name, tuple(sorted(overrides.items())))
+    if key not in _CACHE:
+        cfg = tiny_config(**overrides)
+        _CACHE[key] = (cfg, Functional(get_mixer(name)(cfg, rngs=nnx.Rngs(0))))
+    return _CACHE[key]
+
+
+def inputs(cfg, batch=B, seq=T, seed=1):
+    return jax.random.normal(jax.random.key(seed), (batch, seq, cfg.d_model))
+
+
+def test_registry_has_every_mixer():
+    assert set(MIXERS) == {"softmax", "sliding_window", "linear", "performer", "hedgehog",
+                           "based", "gated_deltanet", "deltanet", "lightning"}
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_decode_equals_forward(name):
+    cfg, f = build(name)
+    x = inputs(cfg)
+    full = f(x)
+    state = f.module.init_state(B, cfg.max_len)
+    dec, _ = f.steps("step", state, x)
+    close(full, dec)
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_prefill_then_decode_equals_forward(name):
+    cfg, f = build(name)
+    x = inputs(cfg)
+    full = f(x)
+    state = f.module.init_state(B, cfg.max_len)
+    y0, state = f.method("prefill", x[:, :SPLIT], state)
+    y1, _ = f.steps("step", state, x[:, SPLIT:])
+    close(full, jnp.concatenate([y0, y1], axis=1))
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_packed_segments_equal_documents_alone(name):
+    cfg, f = build(name)
+    x = inputs(cfg)
+    # Row 0 packs documents of 7 and 13 tokens, row 1 of 12 and 8.
+    cuts = [7, 12]
+    seg = jnp.array([[1] * c + [2] * (T - c) for c in cuts], jnp.int32)
+    packed = f(x, seg)
+    # The second documents alone, moved to position 0 (zero padding after them is causal-safe).
+    alone_x = jnp.stack([jnp.concatenate([x[i, c:], jnp.zeros_like(x[i, :c])])
+                         for i, c in enumerate(cuts)])
+    alone = f(alone_x)
+    plain = f(x)
+    for i, c in enumerate(cuts):
+        close(plain[i, :c], packed[i, :c])
+        close(alone[i, :T - c], packed[i, c:])
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_causal(name):
+    cfg, f = build(name)
+    x = inputs(cfg)
+    y = f(x)
+    y2 = f(x.at[:, 15:].set(jax.random.normal(jax.random.key(9), x[:, 15:].shape)))
+    close(y[:, :15], y2[:, :15], tol=1e-6)
+    assert float(jnp.max(jnp.abs(y[:, 15:] - y2[:, 15:]))) > 1e-3
+
+
+@pytest.mark.parametrize("name", LINEAR)
+def test_state_does_not_grow(name):
+    cfg, f = build(name)
+    x = inputs(cfg)
+    state = f.module.init_state(B, cfg.max_len)
+    _, s1 = f.steps("step", state, x[:, :1])
+    _, s_many = f.steps("step", state, x)
+    shapes = lambda s: jax.tree.map(lambda a: (a.shape, a.dtype), s)
+    assert shapes(s1) == shapes(s_many) == shapes(state)
+    # ... and does not depend on the max_len asked for.
+    assert shapes(f.module.init_state(B, 10)) == shapes(f.module.init_state(B, 1000))
+
+
+def test_softmax_cache_grows_with_max_len():
+    cfg, f = build("softmax")
+    s = f.module.init_state(B, 40)
+    assert s["k"].shape == (B, 40, cfg.resolved_kv_heads, cfg.resolved_head_dim)
+
+
+def _hand_state_size(name, cfg):
+    h, d, w = cfg.num_heads, cfg.resolved_head_dim, cfg.window
+    kv = cfg.resolved_kv_heads
+    conv = 3 * (cfg.conv_size - 1) * h * d  # q, k, v convs keep conv_size - 1 inputs
+    taylor_f = 1 + cfg.based_feature_dim + cfg.based_feature_dim ** 2
+    m = cfg.num_random_features
+    return {
+        "softmax": 2 * kv * d,                      # per token of cache
+        "sliding_window": w * 2 * kv * d,
+        "linear": h * (d * d + d),                  # S (F x Dv) and z (F), F = d
+        "performer": h * (m * d + m),
+        "hedgehog": h * (2 * d * d + 2 * d),
+        "based": h * (taylor_f * d + taylor_f) + w * 2 * kv * d,
+        "gated_deltanet": h * d * d + conv,
+        "deltanet": h * d * d + conv,
+        "lightning": h * d * d,
+    }[name]
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_state_size_hand_count(name):
+    cfg, f = build(name)
+    assert f.module.state_size() == _hand_state_size(name, cfg)
+
+
+def test_state_size_gqa_and_identity_map():
+    cfg = tiny_config(num_heads=4, num_kv_heads=1, head_dim=8)
+    assert get_mixer("softmax")(cfg, rngs=nnx.Rngs(0)).state_size() == 2 * 1 * 8
+    cfg = tiny_config(feature_map="identity")
+    # No denominator with the identity map: S only.
+    assert get_mixer("linear")(cfg, rngs=nnx.Rngs(0)).state_size() == 2 * 16 * 16
+
+
+@pytest.mark.parametrize("feature_map", ["relu", "identity"])
+def test_linear_feature_maps_decode(feature_map):
+    cfg, f = build("linear", feature_map=feature_map)
+    x = inputs(cfg)
+    dec, _ = f.steps("step", f.module.init_state(B, cfg.max_len), x)
+    close(f(x), dec)
+
+
+def test_grouped_query_softmax_decode():
+    cfg, f = build("softmax", num_kv_heads=1)
+    x = inputs(cfg)
+    dec, _ = f.steps("step", f.module.init_state(B, cfg.max_len), x)
+    close(f(x), dec)
+
+
+def test_parameter_names_for_optimizer_masks():
+    cfg = tiny_config()
+    gdn = get_mixer("gated_deltanet")(cfg, rngs=nnx.Rngs(0))
+    names = {"/".join(map(str, p)) for p, _ in nnx.to_flat_state(nnx.state(gdn, nnx.Param))}
+    assert {"A_log", "dt_bias", "o_norm/scale"} <= names
+    # Decay init as in Mamba-2 / fla: A in [1, 16], softplus(dt_bias) in [1e-3, 1e-1].
+    a = jnp.exp(gdn.A_log[...])
+    dt = jax.nn.softplus(gdn.dt_bias[...])
+    assert bool(jnp.all((a >= 1) & (a <= 16))) and bool(jnp.all((dt > 9e-4) & (dt < 0.11)))
+    perf = get_mixer("performer")(cfg, rngs=nnx.Rngs(0))
+    # omega is not a Param: optimizers never touch it, decode sees the same draw.
+    assert "omega" not in {p[0] for p, _ in nnx.to_flat_state(nnx.state(perf, nnx.Param))}
+    assert perf.omega[...].shape == (cfg.num_random_features, cfg.resolved_head_dim)
