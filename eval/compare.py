@@ -144,7 +144,8 @@ def evaluate_run(task: str, run_dir: str, ecfg: Mapping[str, Any]) -> dict[str, 
     stats_fn = common.token_stats_fn(common.make_logits_fn(model))
     bs, nb = int(ecfg.get("batch_size", 16)), int(ecfg.get("num_batches", 20))
     if task == "lm":
-        r = perplexity.evaluate(stats_fn, dataset.eval_batches(bs, nb), dataset.tokenizer.decode)
+        r = perplexity.evaluate(stats_fn, dataset.eval_batches(bs, nb),
+                                perplexity.byte_counter(dataset.tokenizer))
         metrics = {"val_loss": r["loss"], "perplexity": r["perplexity"],
                    "bits_per_byte": r["bits_per_byte"], "eval_tokens": r["tokens"]}
     elif task == "mqar":
@@ -157,10 +158,20 @@ def evaluate_run(task: str, run_dir: str, ecfg: Mapping[str, Any]) -> dict[str, 
         raise ValueError(f"evaluate_run: no evaluation for task {task!r}")
     from eval.speed import count_params
 
+    seq_len = int(common.cfg_get(config, "data.seq_len", 1))
     return {"metrics": metrics, "step": int(step), "params": count_params(model),
-            "state_size": int(model.state_size()),
+            "state_size": state_size_at(model, seq_len), "seq_len": seq_len,
             "d_model": common.cfg_get(config, "model.d_model"),
             "layers": common.cfg_get(config, "model.num_layers")}
+
+
+def state_size_at(model, seq_len: int) -> int:
+    """Numbers held per sequence while decoding after `seq_len` tokens (Zoology's x-axis):
+    the KV cache grows with seq_len, linear states do not."""
+    try:
+        return int(model.state_size(seq_len))
+    except TypeError:  # a model whose state_size() takes no length
+        return int(model.state_size())
 
 
 def run_speed(cfg: Mapping, run: Mapping, deadline: float | None, log) -> dict[str, Any]:
@@ -184,6 +195,46 @@ def run_speed(cfg: Mapping, run: Mapping, deadline: float | None, log) -> dict[s
             "tokens_per_s": max(tps) if tps else None}
 
 
+def train_subprocess(cfg: Mapping, run: Mapping, run_dir: str, python: str) -> None:
+    """`python train.py ...` for one run, output appended to RUN_DIR/train.log."""
+    cmd = train_command(cfg, run, run_dir, python)
+    with open(os.path.join(run_dir, "train.log"), "a") as logf:
+        logf.write("$ " + " ".join(cmd) + "\n")
+        logf.flush()
+        timeout = cfg.get("train_timeout_s") or None
+        proc = subprocess.run(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT,
+                              timeout=timeout, env=_child_env(cfg))
+    if proc.returncode != 0:
+        tail = pathlib.Path(run_dir, "train.log").read_text()[-1500:]
+        raise RuntimeError(f"train.py exited with {proc.returncode}; end of "
+                           f"{run_dir}/train.log:\n{tail}")
+
+
+def train_inprocess(cfg: Mapping, run: Mapping, run_dir: str) -> None:
+    """The same training through `training.loop.train` in this process.
+
+    Saves the interpreter start and device initialisation per run (seconds on a GPU),
+    at the price of isolation; a kill (SIGINT/SIGTERM) stops the sweep, not just the run.
+    """
+    from training import config_tools, loop
+
+    config = config_tools.load_config_file(str(ROOT / cfg["base_config"]))
+    overrides = dict(run["overrides"])
+    if "logging.progress" in config_tools.flat_keys(config):
+        overrides.setdefault("logging.progress", False)  # the sweep has its own bar
+    config_tools.check_overrides(config, {k: _flag_value(v) for k, v in overrides.items()})
+    for key, value in overrides.items():
+        *path, leaf = key.split(".")
+        node = config
+        for part in path:
+            node = node[part]
+        node[leaf] = value
+    try:
+        loop.train(config, run_dir)
+    except loop.Interrupted as e:
+        raise KeyboardInterrupt(f"{run['name']}: {e}") from e
+
+
 def do_run(cfg: Mapping, run: Mapping, workdir: str, python: str, deadline: float | None,
            log) -> dict[str, Any]:
     """Trains (unless task == speed) and evaluates one run; returns its record."""
@@ -194,17 +245,10 @@ def do_run(cfg: Mapping, run: Mapping, workdir: str, python: str, deadline: floa
     if task == "speed":
         rec = run_speed(cfg, run, deadline, log)
     else:
-        cmd = train_command(cfg, run, run_dir, python)
-        with open(os.path.join(run_dir, "train.log"), "a") as logf:
-            logf.write("$ " + " ".join(cmd) + "\n")
-            logf.flush()
-            timeout = cfg.get("train_timeout_s") or None
-            proc = subprocess.run(cmd, cwd=ROOT, stdout=logf, stderr=subprocess.STDOUT,
-                                  timeout=timeout, env=_child_env(cfg))
-        if proc.returncode != 0:
-            tail = pathlib.Path(run_dir, "train.log").read_text()[-1500:]
-            raise RuntimeError(f"train.py exited with {proc.returncode}; end of "
-                               f"{run_dir}/train.log:\n{tail}")
+        if cfg.get("runner", "subprocess") == "inprocess":
+            train_inprocess(cfg, run, run_dir)
+        else:
+            train_subprocess(cfg, run, run_dir, python)
         train_wall = time.time() - t0
         rec = evaluate_run(task, run_dir, dict(cfg.get("eval") or {}))
         logged = read_train_log(run_dir)
@@ -337,8 +381,12 @@ def main(argv):
     del argv
     from absl import flags
 
+    from absl import logging
+    logging.set_verbosity(logging.WARNING)  # orbax logs every file it touches at INFO
     f = flags.FLAGS
     cfg = common.to_plain(f.config)
+    if f.runner:
+        cfg["runner"] = f.runner
     records = sweep(cfg, f.workdir, max_wall_s=f.max_wall_s, only=f.only)
     common.print_json({"workdir": f.workdir, "finished_runs": len(records),
                        "results": os.path.join(f.workdir, "results.md")})
@@ -353,5 +401,7 @@ if __name__ == "__main__":
                         required=True)
     flags.DEFINE_float("max_wall_s", 0.0, "Start no new run after this many seconds (0: no limit).")
     flags.DEFINE_string("only", "", "Run only grid entries whose name contains this string.")
+    flags.DEFINE_enum("runner", None, ["subprocess", "inprocess"],
+                      "How to train each run (default: the config's `runner`, else subprocess).")
     flags.mark_flags_as_required(["config"])
     app.run(main)

@@ -20,25 +20,40 @@ import numpy as np
 from eval import common
 
 
-def target_bytes(targets: np.ndarray, mask: np.ndarray, decode: Callable[[list], str]) -> int:
-    """UTF-8 bytes of the text the evaluated targets spell, one decoded row at a time.
+def byte_counter(tokenizer) -> Callable[[list], int]:
+    """`ids -> UTF-8 bytes of the text they spell`, decoding with the run's tokenizer.
 
-    Decoding whole rows (not token by token) keeps multi-byte characters and
-    sentencepiece's word-boundary spaces right.
+    Byte-level tokenizers count their byte ids directly: decoding a row that starts or
+    ends inside a multi-byte character would turn the fragment into U+FFFD (3 bytes).
+    Special ids (end of document, needles) spell no text and count 0 bytes.
     """
+    if getattr(tokenizer, "kind", None) == "byte":
+        return lambda ids: sum(1 for i in ids if 0 <= i < 256)
+    decode = tokenizer.decode
+    try:
+        decode([], skip_specials=True)
+        return lambda ids: len(decode(ids, skip_specials=True).encode("utf-8"))
+    except TypeError:
+        return lambda ids: len(decode(ids).encode("utf-8"))
+
+
+def target_bytes(targets: np.ndarray, mask: np.ndarray, count: Callable[[list], int]) -> int:
+    """Bytes of the evaluated targets, one whole row at a time (not token by token, so
+    multi-byte characters and sentencepiece's word-boundary spaces come out right)."""
     total = 0
     for row, row_mask in zip(np.asarray(targets), np.asarray(mask)):
         ids = [int(t) for t in row[row_mask > 0]]
         if ids:
-            total += len(decode(ids).encode("utf-8"))
+            total += count(ids)
     return total
 
 
-def evaluate(stats_fn, batches: Iterable[Mapping[str, np.ndarray]], decode,
-             progress: bool = False) -> dict[str, Any]:
+def evaluate(stats_fn, batches: Iterable[Mapping[str, np.ndarray]],
+             count_bytes: Callable[[list], int], progress: bool = False) -> dict[str, Any]:
     """Sums nats, targets and bytes over `batches`; returns the metrics dictionary.
 
-    `stats_fn(batch) -> (nll (B,T), correct (B,T))`, see `common.token_stats_fn`.
+    `stats_fn(batch) -> (nll (B,T), correct (B,T))`, see `common.token_stats_fn`;
+    `count_bytes(ids) -> int`, see `byte_counter`.
     Sums are float64 on the host, so the result does not depend on the batching.
     """
     nats, tokens, nbytes = 0.0, 0, 0
@@ -51,7 +66,7 @@ def evaluate(stats_fn, batches: Iterable[Mapping[str, np.ndarray]], decode,
         nll, _ = stats_fn(batch)
         nats += float((nll * mask).sum())
         tokens += int((mask > 0).sum())
-        nbytes += target_bytes(batch["targets"], mask, decode)
+        nbytes += target_bytes(batch["targets"], mask, count_bytes)
     if tokens == 0:
         raise ValueError("no evaluated tokens: the held-out split or --files gave empty batches "
                          "(check the data config's eval split, or that --files matches text files)")
@@ -108,7 +123,7 @@ def run(workdir: str, files: str | None = None, batch_size: int = 16,
         batches = file_batches(files, dataset.tokenizer.encode, seq_len, batch_size)
     else:
         batches = dataset.eval_batches(batch_size, num_batches)
-    result = evaluate(stats_fn, batches, dataset.tokenizer.decode, progress=progress)
+    result = evaluate(stats_fn, batches, byte_counter(dataset.tokenizer), progress=progress)
     result["step"] = int(step)
     return result
 

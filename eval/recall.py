@@ -106,24 +106,51 @@ def mqar_grid(stats_fn, task: Mapping[str, Any], settings: Sequence[tuple[int, i
 
 
 # ----------------------------------------------------------------------------- NIAH
-def niah_generate(dataset, config, length: int, depth: float, num_examples: int, seed: int):
-    """NIAH examples of one (length, depth) cell from the run's own NIAH generator."""
+def find_niah(dataset):
+    """The NIAH dataset inside a run's dataset (itself, or a component of a mixture)."""
+    seen, todo = set(), [dataset]
+    while todo:
+        d = todo.pop(0)
+        if id(d) in seen:
+            continue
+        seen.add(id(d))
+        if hasattr(d, "num_digits") and hasattr(d, "base_vocab") and hasattr(d, "kind"):
+            return d
+        for attr in ("components", "datasets", "parts"):
+            sub = getattr(d, attr, None)
+            if isinstance(sub, Mapping):
+                todo += list(sub.values())
+            elif isinstance(sub, (list, tuple)):
+                todo += [x[-1] if isinstance(x, tuple) else x for x in sub]
+    raise ValueError("--task=niah needs a run trained with needles (data.source=niah, or a "
+                     "mixture with a niah component); this run's dataset has none")
+
+
+def niah_generate(dataset, length: int, depth: float, num_examples: int, seed: int,
+                  kind: str | None = None) -> dict:
+    """NIAH examples of one (length, depth) cell, drawn like the run's own NIAH data."""
     from data import niah
 
-    return niah.examples_for(dataset, num_examples=num_examples, seq_len=length, depth=depth,
-                             seed=seed)
+    d = find_niah(dataset)
+    ex = niah.generate(np.random.default_rng(seed), num_examples, int(length), float(depth),
+                       kind or d.kind, d.num_keys, d.filler_tokens, d.base_vocab,
+                       d.filler_vocab, d.num_digits, d.key_vocab, getattr(d, "key_len", 1))
+    offset = int(getattr(d, "vocab_offset", 0))
+    return {"inputs": ex["inputs"] + offset, "targets": ex["targets"] + offset,
+            "mask": ex["mask"]}
 
 
 def niah_grid(stats_fn, config, dataset, *, lengths: Sequence[int] | None = None,
               length_multiples: Sequence[int] = (1, 2, 4, 8), num_depths: int = 6,
               num_examples: int = 32, batch_size: int = 8, seed: int = 4321,
-              progress: bool = False, generate_fn: Callable | None = None) -> dict[str, Any]:
+              progress: bool = False, generate_fn: Callable | None = None,
+              kind: str | None = None) -> dict[str, Any]:
     """Exact match and per-digit accuracy per (length, depth), plus their grid means."""
     train_len = int(common.cfg_get(config, "data.seq_len"))
     if not lengths:
         lengths = [train_len * int(m) for m in length_multiples]
     depths = [float(d) for d in np.linspace(0.0, 1.0, int(num_depths))]
-    gen = generate_fn or (lambda n, d, k, s: niah_generate(dataset, config, n, d, k, s))
+    gen = generate_fn or (lambda n, d, k, s: niah_generate(dataset, n, d, k, s, kind))
     cells = []
     grid = [(int(n), d) for n in lengths for d in depths]
     it = grid
@@ -146,12 +173,13 @@ def niah_grid(stats_fn, config, dataset, *, lengths: Sequence[int] | None = None
 
 
 # ----------------------------------------------------------------------------- CLI
-def run(workdir: str, task: str, *, seq_lens=(64, 128, 256, 512), num_examples: int = 256,
+def run(workdir: str, task: str, *, seq_lens=(64, 128, 256, 512), num_examples: int = 0,
         batch_size: int = 32, length_multiples=(1, 2, 4, 8), num_depths: int = 6) -> dict:
     if task not in ("mqar", "niah"):
         raise ValueError(f"--task={task!r}: choose mqar or niah")
     model, config, dataset, step = common.load_run(workdir)
     stats_fn = common.token_stats_fn(common.make_logits_fn(model))
+    num_examples = num_examples or (256 if task == "mqar" else 32)
     if task == "mqar":
         result = mqar_grid(stats_fn, mqar_task(config, dataset), default_mqar_settings(seq_lens),
                            num_examples=num_examples, batch_size=batch_size)
@@ -190,6 +218,6 @@ if __name__ == "__main__":
     flags.DEFINE_string("seq_lens", "64,128,256,512", "MQAR sequence lengths (kv pairs 4..len/4).")
     flags.DEFINE_string("length_multiples", "1,2,4,8", "NIAH lengths as multiples of data.seq_len.")
     flags.DEFINE_integer("num_depths", 6, "NIAH needle depths, evenly spaced over [0, 1].")
-    flags.DEFINE_integer("num_examples", 256, "Examples per MQAR setting / NIAH cell.")
+    flags.DEFINE_integer("num_examples", 0, "Examples per MQAR setting / NIAH cell (0: 256 / 32).")
     flags.DEFINE_integer("batch_size", 32, "Examples per forward pass.")
     app.run(main)

@@ -65,7 +65,7 @@ def test_evaluate_matches_float64_reference(tmp_path):
     text = "abé cab\nccé ab" * 3
     (tmp_path / "t.txt").write_text(text, encoding="utf-8")
     batches = list(perplexity.file_batches(str(tmp_path / "t.txt"), codec.encode, 8, 2))
-    r = perplexity.evaluate(bigram_stats_fn(table), batches, codec.decode)
+    r = perplexity.evaluate(bigram_stats_fn(table), batches, perplexity.byte_counter(codec))
     # reference: mean NLL of every next character under the bigram table
     ids = codec.encode(text)
     logp = table - np.log(np.exp(table).sum(-1, keepdims=True))

@@ -1,0 +1,98 @@
+"""eval.compare on the tiny MQAR grid: outputs written, best lr right, reruns skip.
+
+The sweep itself (two softmax runs, lr 1e-3 and 3e-2, a few steps each) is the
+session fixture `mqar_sweep` in conftest.py.
+"""
+import json
+import os
+import time
+
+import numpy as np
+import pytest
+
+from tests.eval.conftest import load_compare_config
+
+
+def test_sweep_writes_results_and_markers(mqar_sweep):
+    cfg, workdir, records, _ = mqar_sweep
+    names = [r["run"] for r in records]
+    assert names == ["T32_kv2__softmax__d16__lr0.001__s0", "T32_kv2__softmax__d16__lr0.03__s0"]
+    lines = [json.loads(x) for x in (workdir / "results.jsonl").read_text().splitlines()]
+    assert [r["run"] for r in lines] == names
+    for r in lines:
+        assert os.path.isfile(workdir / r["run"] / "done.json")
+        for key in ("task", "mixer", "d_model", "layers", "state_size", "params", "lr", "seed",
+                    "steps", "metrics", "tokens_per_s", "wall_s"):
+            assert key in r, key
+        assert r["task"] == "mqar" and r["steps"] == 3 and r["d_model"] == 16
+        assert r["layers"] == 1 and 0.0 <= r["metrics"]["accuracy"] <= 1.0
+        # softmax's decode state at the training length: k and v per position per layer
+        assert r["state_size"] == 32 * 2 * 16
+    assert (workdir / "recall_vs_state.png").stat().st_size > 1000
+    assert "## MQAR accuracy" in (workdir / "results.md").read_text()
+
+
+def test_sweep_records_match_an_independent_evaluation(mqar_sweep):
+    """The recorded accuracy is the masked argmax accuracy over the held-out batches."""
+    import jax.numpy as jnp
+
+    from training.checkpoint import load_for_eval
+
+    cfg, workdir, records, _ = mqar_sweep
+    r = records[0]
+    model, config, dataset, step = load_for_eval(str(workdir / r["run"]))
+    hits = total = 0
+    for b in dataset.eval_batches(cfg["eval"]["batch_size"], cfg["eval"]["num_batches"]):
+        pred = np.asarray(model(jnp.asarray(b["inputs"]), deterministic=True)).argmax(-1)
+        m = b["mask"] > 0
+        hits += int((pred == b["targets"])[m].sum())
+        total += int(m.sum())
+    assert r["metrics"]["queries"] == total
+    assert r["metrics"]["accuracy"] == pytest.approx(hits / total, abs=1e-12)
+
+
+def test_best_lr_in_table_is_the_best_record(mqar_sweep):
+    from eval import report
+
+    _, workdir, records, _ = mqar_sweep
+    acc = {r["lr"]: r["metrics"]["accuracy"] for r in records}
+    want = max(sorted(acc), key=lambda lr: acc[lr])  # ties: the smaller lr, as best_lr does
+    best = report.best_lr(records)[("mqar", "T32_kv2", "softmax", "d16")]
+    assert best["lr"] == want and best["value"] == acc[want]
+    assert f"{acc[want]:.3f} (lr {want:g})" in (workdir / "results.md").read_text()
+
+
+def test_second_invocation_skips_finished_runs(mqar_sweep):
+    from eval import compare
+
+    cfg, workdir, records, first_s = mqar_sweep
+    before = {r["run"]: os.path.getmtime(workdir / r["run"] / "done.json") for r in records}
+    t0 = time.time()
+    again = compare.sweep(cfg, str(workdir), only="softmax", progress=False)
+    assert time.time() - t0 < 10.0 < first_s
+    assert [r["run"] for r in again] == list(before)
+    assert all(os.path.getmtime(workdir / n / "done.json") == t for n, t in before.items())
+
+
+def test_grid_expansion_of_the_full_configs():
+    from eval import compare
+
+    mq = compare.expand_grid(load_compare_config("compare_mqar"))
+    assert len(mq) == 4 * 9 * 3 * 4  # settings x mixers x widths x lrs
+    r = next(r for r in mq if r["name"] == "T512_kv64__gated_deltanet__d256__lr0.01__s0")
+    assert r["overrides"]["data.seq_len"] == 512 and r["overrides"]["data.num_kv_pairs"] == 64
+    assert r["overrides"]["model.d_model"] == 256 and r["overrides"]["train.lr"] == 0.01
+    sh = compare.expand_grid(load_compare_config("compare_shakespeare"))
+    soft = sh[0]["overrides"]
+    assert (soft["model.num_layers"], soft["model.num_heads"], soft["model.d_model"],
+            soft["data.seq_len"], soft["train.batch_size"], soft["model.dropout"],
+            soft["train.lr"], soft["train.steps"]) == (6, 6, 384, 256, 64, 0.2, 1e-3, 5000)
+    hybrid = next(r for r in sh if r["mixer"] == "hybrid_8L")["overrides"]
+    assert hybrid["model.softmax_every"] == 8 and hybrid["model.num_layers"] == 8
+
+
+def test_unknown_task_is_named():
+    from eval import compare
+
+    with pytest.raises(ValueError, match="task='bogus'"):
+        compare.expand_grid({"task": "bogus"})
