@@ -43,7 +43,7 @@ def text_run(tmp_path_factory):
         "data.files": str(corpus), "data.seq_len": 32, "data.tokenizer": "byte",
         "model.mixer": "gated_deltanet", "model.d_model": 32, "model.num_heads": 2,
         "model.num_layers": 1, "model.mlp": False,
-        "train.steps": 40, "train.batch_size": 8, "train.lr": 1e-2, "train.warmup_steps": 5,
+        "train.steps": 30, "train.batch_size": 8, "train.lr": 1e-2, "train.warmup_steps": 5,
         "train.eval_every": 0, "train.eval_batches": 2, "train.checkpoint_every": 0,
         "train.log_every": 20, "logging.wandb": "disabled", "logging.progress": False}}
     compare.train_inprocess(cfg, run, str(workdir))

@@ -35,6 +35,7 @@ def test_sweep_writes_results_and_markers(mqar_sweep):
 def test_sweep_records_match_an_independent_evaluation(mqar_sweep):
     """The recorded accuracy is the masked argmax accuracy over the held-out batches."""
     import jax.numpy as jnp
+    from flax import nnx
 
     from training.checkpoint import load_for_eval
 
@@ -43,7 +44,8 @@ def test_sweep_records_match_an_independent_evaluation(mqar_sweep):
     model, config, dataset, step = load_for_eval(str(workdir / r["run"]))
     hits = total = 0
     for b in dataset.eval_batches(cfg["eval"]["batch_size"], cfg["eval"]["num_batches"]):
-        pred = np.asarray(model(jnp.asarray(b["inputs"]), deterministic=True)).argmax(-1)
+        pred = np.asarray(nnx.jit(lambda m, x: m(x, deterministic=True))(
+            model, jnp.asarray(b["inputs"]))).argmax(-1)
         m = b["mask"] > 0
         hits += int((pred == b["targets"])[m].sum())
         total += int(m.sum())

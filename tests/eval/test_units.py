@@ -106,8 +106,8 @@ def test_sample_logits_greedy_and_top_k():
     np.testing.assert_array_equal(generate.sample_logits(logits, key, 0.0, 0), [1, 0])
     np.testing.assert_array_equal(generate.sample_logits(logits, key, 1.0, 1), [1, 0])
     # top-2 sampling never leaves the two largest logits, and visits both
-    draws = np.stack([np.asarray(generate.sample_logits(logits, k, 1.0, 2))
-                      for k in jax.random.split(key, 200)])
+    draws = np.asarray(jax.vmap(lambda k: generate.sample_logits(logits, k, 1.0, 2))(
+        jax.random.split(key, 200)))
     assert set(draws[:, 0]) == {1, 2} and set(draws[:, 1]) == {0, 3}
     # at temperature 1 with all tokens, frequencies follow the softmax (4 sigma band)
     probs = np.exp(np.asarray(logits[0], np.float64))
