@@ -87,7 +87,12 @@ def make_train_step(parts: model_state.ModelParts, tx, grad_accum: int, mesh):
     grads = jax.tree.map(lambda g: g / count, grads)
     updates, opt_state = tx.update(grads, opt_state, params)
     params = optax.apply_updates(params, updates)
-    return params, opt_state, {"loss": loss_sum / count, "grad_norm": optax.global_norm(grads)}
+    loss, grad_norm = loss_sum / count, optax.global_norm(grads)
+    # A checkpoint is only written after a step whose loss, gradients and new parameters are
+    # all finite (one cheap reduction), so a NaN is never saved.
+    finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.all(jnp.stack(
+        [jnp.all(jnp.isfinite(p)) for p in jax.tree.leaves(params)]))
+    return params, opt_state, {"loss": loss, "grad_norm": grad_norm, "finite": finite}
 
   return step
 
@@ -280,11 +285,13 @@ def train(config, workdir: str) -> dict[str, Any]:
     steps = [s for s, _ in pending]
     pending.clear()
     for s, m in zip(steps, values):
-      if not math.isfinite(float(m["loss"])):
+      if not bool(m["finite"]):
         where = (f"the last good checkpoint is step {last_saved} in {ckpt.directory}"
                  if last_saved is not None else "no checkpoint was written")
+        what = (f"loss is {float(m['loss'])}" if not math.isfinite(float(m["loss"]))
+                else f"gradients or parameters became non-finite (loss {float(m['loss'])})")
         raise TrainingError(
-            f"loss is {float(m['loss'])} at step {s}; stopping without saving ({where}). "
+            f"{what} at step {s}; stopping without saving ({where}). "
             f"Try a lower train.lr, train.grad_clip=1.0 or train.precision=float32.")
     if log_now and values:
       now = time.perf_counter()
