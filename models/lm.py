@@ -25,23 +25,43 @@ class Block(nnx.Module):
         self.mlp = SwiGLU(cfg, rngs=rngs) if cfg.mlp else None
         self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
 
+    # The residual stream x stays float32; branches compute in cfg.dtype. (Adding O(1)
+    # bf16 branch outputs to a bf16 stream would round away small contributions such as
+    # the 0.02-scale embeddings.)
     def _mlp(self, x, deterministic: bool):
         if self.mlp is None:
             return x
-        return x + self.dropout(self.mlp(self.mlp_norm(x)), deterministic=deterministic)
+        h = self.dropout(self.mlp(self.mlp_norm(x)), deterministic=deterministic)
+        return x + h.astype(x.dtype)
 
     def __call__(self, x, *, segment_ids=None, deterministic: bool = True):
         h = self.mixer(self.mixer_norm(x), segment_ids=segment_ids)
-        x = x + self.dropout(h, deterministic=deterministic)
+        x = x + self.dropout(h, deterministic=deterministic).astype(x.dtype)
         return self._mlp(x, deterministic)
 
     def prefill(self, x, state):
         h, state = self.mixer.prefill(self.mixer_norm(x), state)
-        return self._mlp(x + h, True), state
+        return self._mlp(x + h.astype(x.dtype), True), state
 
     def step(self, x_t, state):
         h, state = self.mixer.step(self.mixer_norm(x_t), state)
-        return self._mlp(x_t + h, True), state
+        return self._mlp(x_t + h.astype(x_t.dtype), True), state
+
+
+def _remat_block(block: Block, x, segment_ids, deterministic: bool):
+    """block(x) under jax.checkpoint: the backward pass recomputes the block's inside
+    instead of storing it. Written functionally (split, checkpoint a pure function, write
+    back the state) so the dropout RNG counters advance exactly as without remat."""
+    graphdef, state = nnx.split(block)
+
+    def run(state, x, segment_ids):
+        blk = nnx.merge(graphdef, state)
+        y = blk(x, segment_ids=segment_ids, deterministic=deterministic)
+        return y, nnx.state(blk)
+
+    y, new_state = jax.checkpoint(run)(state, x, segment_ids)
+    nnx.update(block, new_state)
+    return y
 
 
 class LanguageModel(nnx.Module):
@@ -62,6 +82,9 @@ class LanguageModel(nnx.Module):
     def layer_mixers(self) -> list[str]:
         return self.cfg.layer_mixers()
 
+    def _embed(self, tokens):
+        return self.embed(tokens).astype(jnp.float32)  # float32 residual stream
+
     def _logits(self, x):
         x = self.final_norm(x)
         if self.head is None:
@@ -73,12 +96,10 @@ class LanguageModel(nnx.Module):
     def __call__(self, tokens, *, segment_ids=None, deterministic: bool = True):
         """tokens (B, T) int -> logits (B, T, V) float32. segment_ids (B, T) keeps packed
         documents apart."""
-        x = self.dropout(self.embed(tokens), deterministic=deterministic)
+        x = self.dropout(self._embed(tokens), deterministic=deterministic)
         for block in self.blocks:
             if self.cfg.remat:
-                x = nnx.remat(lambda blk, x, seg: blk(x, segment_ids=seg,
-                                                      deterministic=deterministic))(
-                    block, x, segment_ids)
+                x = _remat_block(block, x, segment_ids, deterministic)
             else:
                 x = block(x, segment_ids=segment_ids, deterministic=deterministic)
         return self._logits(x)
@@ -91,7 +112,7 @@ class LanguageModel(nnx.Module):
 
     def prefill(self, tokens, cache):
         """Run a prompt (B, T) from a fresh cache: (logits (B, T, V), cache at pos T)."""
-        x = self.embed(tokens)
+        x = self._embed(tokens)
         states = []
         for block, state in zip(self.blocks, cache["layers"]):
             x, state = block.prefill(x, state)
@@ -101,7 +122,7 @@ class LanguageModel(nnx.Module):
 
     def decode_step(self, token, cache):
         """One token per sequence (B,) -> (logits (B, V), cache one position on)."""
-        x = self.embed(token)
+        x = self._embed(token)
         states = []
         for block, state in zip(self.blocks, cache["layers"]):
             x, state = block.step(x, state)
