@@ -1,15 +1,39 @@
 """Needle in a haystack: 8-layer models trained at length 512 on text mixed with passkey
 and multi-key needles; exact match by depth x length for lengths 512..4096.
 
-    python -m eval.compare --config=configs/compare_niah.py --workdir=runs/cmp_niah
+    python -m eval.compare --config=configs/compare_niah.py --workdir=runs/cmp_niah \
+        --config.overrides.data.files=path/to/tinyshakespeare/input.txt
     python -m eval.compare --config=configs/compare_niah.py:tiny ...   # CPU check
 
-Heatmap per mixer (depth x length) and a summary table (mean exact match over the grid).
+The training runs use this same file as their train.py config (`:train`, or
+`:train_synthetic` for needles in random filler with no text file), built on
+configs/niah.py with a mixture of components: text, passkey needles and multi-key
+needles in a text haystack. Heatmap per mixer (depth x length) and a summary table
+(mean exact match over the grid, passkey; the multi-key grid is in results.jsonl).
+
+    python train.py --config=configs/compare_niah.py:train --workdir=runs/niah_mix \
+        --config.data.files=path/to/text.txt
 """
 import ml_collections
+from ml_collections import config_dict
 
 MIXERS = ["softmax", "gated_deltanet", "deltanet", "based", "linear", "sliding_window",
           "lightning"]
+
+
+def train_config(with_text: bool = True):
+  """A train.py config: configs/niah.py with text + passkey + multi-key components."""
+  from configs import niah
+
+  c = niah.get_config()
+  c.data.source = "mixture"
+  comps = {"passkey": {"source": "niah", "niah_kind": "passkey", "weight": 1.0},
+           "multikey": {"source": "niah", "niah_kind": "multikey", "weight": 1.0}}
+  if with_text:
+    comps = {"text": {"source": "files", "weight": 2.0}, **comps}
+  c.data.components = comps
+  c.data.tokenizer = "char" if with_text else "byte"
+  return c
 
 
 def _mixer(name, mixer, **extra):
@@ -19,14 +43,18 @@ def _mixer(name, mixer, **extra):
 
 
 def get_config(arg: str = ""):
+  if arg == "train":
+    return train_config(with_text=True)
+  if arg == "train_synthetic":
+    return train_config(with_text=False)
   c = ml_collections.ConfigDict()
   c.title = "Needle in a haystack (passkey): exact match"
   c.task = "niah"
-  c.base_config = "configs/niah.py"
+  c.base_config = "configs/compare_niah.py:train"
   c.lr_key = "train.lr"
   c.seed_key = "train.seed"
   c.overrides = {"model": {"num_layers": 8, "d_model": 256, "num_heads": 4},
-                 "data": {"seq_len": 512},
+                 "data": {"seq_len": 512, "files": config_dict.placeholder(str)},
                  "train": {"steps": 3000, "batch_size": 32},
                  "logging": {"wandb": "disabled"}}
   c.settings = [{"name": "L512", "overrides": {}}]
@@ -35,22 +63,25 @@ def get_config(arg: str = ""):
   c.sizes = [{"name": "d256", "overrides": {}}]
   c.lrs = [1e-3]
   c.seeds = [0]
-  # lengths 1x..8x the training length, 6 depths in [0, 1]
-  c.eval = {"batch_size": 8, "niah": {"length_multiples": (1, 2, 4, 8), "num_depths": 6,
-                                      "num_examples": 32, "batch_size": 8}}
+  # lengths 1x..8x the training length, 6 depths in [0, 1]; both needle kinds
+  c.eval = {"niah": {"length_multiples": (1, 2, 4, 8), "num_depths": 6,
+                     "num_examples": 32, "batch_size": 8}, "kinds": ("passkey", "multikey")}
   c.train_timeout_s = 3600
-  if arg == "tiny":
+  if arg == "tiny":  # CPU check of the machinery: needles in random filler, a few steps
+    c.base_config = "configs/compare_niah.py:train_synthetic"
     c.overrides.model.num_layers = 1
     c.overrides.model.d_model = 32
     c.overrides.model.num_heads = 2
     c.overrides.data.seq_len = 64
     c.overrides.train.steps = 3
     c.overrides.train.batch_size = 4
+    c.settings = [{"name": "L64", "overrides": {}}]
     c.mixers = [_mixer("softmax", "softmax"), _mixer("gated_deltanet", "gated_deltanet")]
     c.sizes = [{"name": "d32", "overrides": {}}]
-    c.eval = {"batch_size": 4, "niah": {"length_multiples": (1, 2), "num_depths": 3,
-                                        "num_examples": 4, "batch_size": 4}}
+    c.eval = {"niah": {"length_multiples": (1, 2), "num_depths": 3, "num_examples": 4,
+                       "batch_size": 4}, "kinds": ("passkey",)}
     c.train_timeout_s = 600
   elif arg:
-    raise ValueError(f"compare_niah: unknown variant {arg!r}; use '' or 'tiny'")
+    raise ValueError(f"compare_niah: unknown variant {arg!r}; use '', 'tiny', 'train' or "
+                     "'train_synthetic'")
   return c

@@ -34,11 +34,14 @@ TASKS = ("lm", "mqar", "niah", "speed")
 
 # ----------------------------------------------------------------------------- the grid
 def flatten(d: Mapping[str, Any] | None, prefix: str = "") -> dict[str, Any]:
-    """{"model": {"mixer": "x"}} and {"model.mixer": "x"} both -> {"model.mixer": "x"}."""
+    """{"model": {"mixer": "x"}} and {"model.mixer": "x"} both -> {"model.mixer": "x"};
+    None values (unset placeholders) are dropped."""
     out: dict[str, Any] = {}
     for k, v in (d or {}).items():
         if isinstance(v, Mapping):
             out.update(flatten(v, f"{prefix}{k}."))
+        elif v is None:
+            continue  # an unset placeholder: leave the training config's own value
         else:
             out[f"{prefix}{k}"] = v
     return out
@@ -152,8 +155,13 @@ def evaluate_run(task: str, run_dir: str, ecfg: Mapping[str, Any]) -> dict[str, 
         correct, total = recall.masked_accuracy(stats_fn, dataset.eval_batches(bs, nb))
         metrics = {"accuracy": correct / max(total, 1), "queries": total}
     elif task == "niah":
-        grid = recall.niah_grid(stats_fn, config, dataset, **dict(ecfg.get("niah", {})))
-        metrics = {"exact": grid["exact"], "per_digit": grid["per_digit"], "grid": grid}
+        metrics = {}
+        for i, kind in enumerate(ecfg.get("kinds") or (None,)):
+            grid = recall.niah_grid(stats_fn, config, dataset, kind=kind,
+                                    **dict(ecfg.get("niah", {})))
+            suffix = "" if i == 0 else f"_{kind}"  # the first kind is the headline number
+            metrics.update({f"exact{suffix}": grid["exact"],
+                            f"per_digit{suffix}": grid["per_digit"], f"grid{suffix}": grid})
     else:
         raise ValueError(f"evaluate_run: no evaluation for task {task!r}")
     from eval.speed import count_params

@@ -63,8 +63,10 @@ def _fmt(x: Any, digits: int = 3) -> str:
     if isinstance(x, float):
         if math.isnan(x):
             return "nan"
-        if x != 0 and (abs(x) >= 1e5 or abs(x) < 1e-3):
+        if x != 0 and abs(x) < 1e-3:
             return f"{x:.2e}"
+        if abs(x) >= 100:
+            return f"{x:,.0f}"
         return f"{x:.{digits}f}"
     if isinstance(x, int):
         return f"{x:,}"

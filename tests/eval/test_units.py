@@ -140,3 +140,69 @@ def test_best_lr_averages_seeds_and_skips_diverged():
     assert best[("lm", "T64", "b", "d64")]["lr"] == 1e-2  # lower loss wins for lm
     md = report.markdown(recs, title="t", settings_order=["T64"])
     assert "0.750 (lr 0.01)" in md
+
+
+def _oracle_mqar_stats(window_pairs):
+    """An MQAR 'model' that remembers only the last `window_pairs` key-value pairs of the
+    context (a sliding window): right at a query iff its key is among them."""
+    def stats(batch):
+        inp, tgt = np.asarray(batch["inputs"]), np.asarray(batch["targets"])
+        pred = np.zeros_like(tgt)
+        for r in range(len(inp)):
+            ctx = 2 * int(np.asarray(batch["kv"])[r])
+            keys, vals = inp[r, 0:ctx:2], inp[r, 1:ctx:2]
+            memory = dict(zip(keys[-window_pairs:], vals[-window_pairs:]))
+            for t in range(ctx, inp.shape[1]):
+                pred[r, t] = memory.get(inp[r, t], -1)
+        return np.zeros(tgt.shape), pred == tgt
+    return stats
+
+
+def test_mqar_grid_accuracy_of_a_sliding_window_oracle(monkeypatch):
+    from data import mqar
+
+    settings = [(32, 4), (64, 8)]
+    real_generate = mqar.generate
+
+    def generate_with_kv(rng, n, t, kv, *a, **k):  # let the oracle see kv per row
+        ex = real_generate(rng, n, t, kv, *a, **k)
+        ex["kv"] = np.full(n, kv)
+        return ex
+
+    monkeypatch.setattr(mqar, "generate", generate_with_kv)
+    task = {"vocab_size": 128, "offset": 0, "power_a": 0.01}
+    got = recall.mqar_grid(_oracle_mqar_stats(3), task, settings, num_examples=20,
+                           batch_size=7, progress=False)
+    for cell, (t, kv) in zip(got["cells"], settings):
+        # reference: every key is queried once, so accuracy = remembered / kv pairs
+        assert cell["queries"] == 20 * kv
+        assert cell["accuracy"] == pytest.approx(3 / kv, abs=1e-12)
+
+
+def test_niah_grid_of_a_half_context_oracle():
+    """An oracle that gets the digits right iff the needle is in the first half of the
+    input: the grid must show exact = 1 exactly where generate put it there."""
+    from data import niah
+
+    def gen(length, depth, n, seed):
+        ex = niah.generate(np.random.default_rng(seed), n, length, depth, base_vocab=40)
+        ex["segment_ids"] = np.ones_like(ex["inputs"])
+        return ex
+
+    def stats(batch):
+        inp, tgt = np.asarray(batch["inputs"]), np.asarray(batch["targets"])
+        pos = (inp == 40).argmax(1)  # [NEEDLE] is id base_vocab
+        ok = pos < inp.shape[1] / 2
+        return np.zeros(tgt.shape), np.where(ok[:, None], True, np.zeros_like(tgt, bool))
+
+    config = {"data": {"seq_len": 32}}
+    got = recall.niah_grid(stats, config, None, length_multiples=(1, 2), num_depths=5,
+                           num_examples=3, batch_size=2, generate_fn=gen)
+    assert [(c["length"], c["depth"]) for c in got["cells"]] == \
+        [(n, d) for n in (32, 64) for d in (0.0, 0.25, 0.5, 0.75, 1.0)]
+    for i, c in enumerate(got["cells"]):
+        ref = gen(c["length"], c["depth"], 3, 4321 + i)
+        want = float(np.mean(ref["needle_pos"] < c["length"] / 2))
+        assert c["exact"] == want and c["per_digit"] == want
+    assert got["exact"] == pytest.approx(np.mean([c["exact"] for c in got["cells"]]))
+    assert {c["exact"] for c in got["cells"]} == {0.0, 1.0}  # both cases occur
