@@ -1,25 +1,75 @@
-"""Gated delta rule, chunkwise, on the Pallas recurrence (see /docs: CHUNKWISE algebra).
+"""Gated delta rule, chunkwise, on the Pallas recurrence (algebra: CHUNKWISE notes in
+kernels/README.md).
 
-Per chunk (parallel, XLA): A_ts = beta_t exp(G_t - G_s) k_t.k_s (s < t), solve the unit
-lower-triangular (I + A) [W, Ut] = diag(beta) [K * gamma, V] (the UT transform, by
-forward substitution: stable where the Neumann product would cancel), then hand
-W, Ut, Qg, Kd, P, G_C to the sequential kernel, which forms U = Ut - W S per chunk.
+Per chunk (parallel): A_ts = beta_t exp(G_t - G_s) k_t.k_s (s < t); the UT transform
+(I + A) [W, Ut] = diag(beta) [K * gamma, V]; Qg, Kd, P, G_C. On GPU one Pallas kernel
+(kernels.pallas.intra) does all of it in one pass; its backward, and the whole
+preparation on TPU / in the reference path, is the XLA form below (batched matmuls and a
+triangular solve). Then the sequential kernel forms U = Ut - W S per chunk.
 """
 from __future__ import annotations
 
+import functools
+
+import jax
 import jax.numpy as jnp
 from jax import lax
 
 from kernels.pallas import common, prep
+from kernels.pallas.intra import gdn_intra
 from kernels.pallas.recurrence import Config, block_v, chunk_recurrence
 
 
+def prep_xla(q, k, v, g, beta, chunk):
+    """q, k, v (B,Tp,H,.) input dtype; g, beta (B,Tp,H) float32. Returns the recurrence
+    inputs (w, ut, qg, kd, p) as (B*H, Tp, .) in the input dtype and gcl (B*H, N, 1, 1)."""
+    b, tp, h, kdim = q.shape
+    c = chunk
+    n = tp // c
+    dtype = q.dtype
+    qc, kc, vc = (prep.chunked(x, b, h, n, c) for x in (q, k, v))
+    gc, betac = prep.chunked(g, b, h, n, c), prep.chunked(beta, b, h, n, c)
+    big_g, dmat, incl = prep.decay_terms(gc)
+    qg, kd, p, gcl = prep.intra_chunk(qc, kc, big_g, dmat, dtype)
+    strict = incl & ~jnp.eye(c, dtype=bool)
+    kk = prep.einsum("bhntd,bhnsd->bhnts", kc, kc, dtype=dtype)
+    a = jnp.where(strict, betac[..., :, None] * dmat * kk, 0.0)
+    rhs = betac[..., None] * jnp.concatenate(
+        [kc.astype(jnp.float32) * jnp.exp(big_g)[..., None], vc.astype(jnp.float32)], -1)
+    x = lax.linalg.triangular_solve(a + jnp.eye(c, dtype=jnp.float32), rhs, left_side=True,
+                                    lower=True, unit_diagonal=True)
+    w, ut = x[..., :kdim], x[..., kdim:]
+    return (*(prep.flat(t.astype(dtype)) for t in (w, ut, qg, kd, p)),
+            gcl.reshape(b * h, n, 1, 1))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
+def prep_pallas(q, k, v, g, beta, chunk):
+    """prep_xla computed by the one-pass Pallas kernel; backward through prep_xla."""
+    b, tp, h, _ = q.shape
+    big_g = jnp.cumsum(g.reshape(b, tp // chunk, chunk, h), axis=2).reshape(b, tp, h)
+    return tuple(gdn_intra(q, k, v, big_g, beta, chunk=chunk))
+
+
+def _prep_fwd(q, k, v, g, beta, chunk):
+    return prep_pallas(q, k, v, g, beta, chunk), (q, k, v, g, beta)
+
+
+def _prep_bwd(chunk, res, cts):
+    _, pull = jax.vjp(lambda *a: prep_xla(*a, chunk), *res)
+    return pull(cts)
+
+
+prep_pallas.defvjp(_prep_fwd, _prep_bwd)
+
+
 def gated_delta_rule(q, k, v, log_alpha, beta, *, initial_state=None, return_state=False,
-                     chunk_size=64, segment_ids=None, variant=None):
+                     chunk_size=64, segment_ids=None, variant=None, fused_prep=None):
     """S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T ; o_t = S_t^T q_t.
 
     q, k: (B,T,H,K); v: (B,T,H,V); log_alpha, beta: (B,T,H). State (B,H,K,V) float32.
     Returns o (B,T,H,V) in the input dtype, or (o, state) with return_state=True.
+    fused_prep: use the one-pass Pallas preparation (default: on the "gpu" variant).
     """
     op = "kernels.pallas.gated_delta_rule"
     if segment_ids is not None:
@@ -32,6 +82,8 @@ def gated_delta_rule(q, k, v, log_alpha, beta, *, initial_state=None, return_sta
     dtype = jnp.result_type(q, k, v)
     if dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
         raise NotImplementedError(f"{op}: inputs must be float32/bfloat16/float16, got {dtype}")
+    if fused_prep is None:
+        fused_prep = variant == "gpu"
     c = chunk_size
     n = -(-t // c)
     tp = n * c
@@ -39,29 +91,12 @@ def gated_delta_rule(q, k, v, log_alpha, beta, *, initial_state=None, return_sta
     g = common.pad_time(jnp.asarray(log_alpha, jnp.float32), tp)
     bt = common.pad_time(jnp.asarray(beta, jnp.float32), tp)
 
-    qc, kc, vc = (prep.chunked(x, b, h, n, c) for x in (q, k, v))
-    gc, betac = prep.chunked(g, b, h, n, c), prep.chunked(bt, b, h, n, c)
-    big_g, dmat, incl = prep.decay_terms(gc)
-    qg, kd, p, gcl = prep.intra_chunk(qc, kc, big_g, dmat, dtype)
-
-    # UT transform: (I + A) X = diag(beta) [K * gamma, V], A strictly lower triangular.
-    strict = incl & ~jnp.eye(c, dtype=bool)
-    kk = prep.einsum("bhntd,bhnsd->bhnts", kc, kc, dtype=dtype)
-    a = jnp.where(strict, betac[..., :, None] * dmat * kk, 0.0)
-    eye = jnp.eye(c, dtype=jnp.float32)
-    rhs = betac[..., None] * jnp.concatenate(
-        [kc.astype(jnp.float32) * jnp.exp(big_g)[..., None], vc.astype(jnp.float32)], -1)
-    x = lax.linalg.triangular_solve(a + eye, rhs, left_side=True, lower=True,
-                                    unit_diagonal=True)
-    w, ut = x[..., :kdim], x[..., kdim:]
-
+    parts = (prep_pallas if fused_prep else prep_xla)(q, k, v, g, bt, c)
     s0 = (jnp.zeros((b, h, kdim, vdim), jnp.float32) if initial_state is None
           else jnp.asarray(initial_state, jnp.float32))
     cfg = Config(chunk=c, variant=variant, out_dtype=jnp.dtype(dtype).name,
                  block_v=block_v(kdim, vdim, variant))
-    o, st = chunk_recurrence(
-        *(prep.flat(x.astype(dtype)) for x in (w, ut, qg, kd, p)),
-        gcl.reshape(b * h, n, 1, 1), s0.reshape(b * h, kdim, vdim), cfg)
+    o, st = chunk_recurrence(*parts, s0.reshape(b * h, kdim, vdim), cfg)
     o = common.from_chunk_major(o, b, h)[:, :t]
     st = st.reshape(b, h, kdim, vdim)
     return (o, st) if return_state else o

@@ -1,0 +1,387 @@
+"""Kernel benchmark: our Pallas gated delta rule and linear attention against the pure-JAX
+chunk forms, cuDNN flash attention and (when torch + fla import) flash-linear-attention.
+
+    python scripts/bench_kernels.py [--out docs] [--shapes 8x2048,2x8192,1x32768]
+
+Times forward, forward+backward and a one-token decode step (median of many device-
+synchronised runs after warm-up); prints ms, tokens/s, the memory floor (bytes moved over
+the copy bandwidth measured in the same job) and the ratio to the anchor (fla forward for
+"fwd", cuDNN for "fwd+bwd", fla fused recurrent for "decode"); checks the bf16 Pallas
+outputs against the float32 chunk form; records peak memory of fwd+bwd at the longest
+shape. Writes <out>/benchmarks.json and <out>/benchmarks.md.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import pathlib
+import statistics
+import sys
+import time
+import traceback
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+
+import kernels.pallas as kp  # noqa: E402
+from kernels import ops  # noqa: E402
+
+H, D = 16, 128
+DECODE_B = 64
+
+
+# ----------------------------------------------------------------------------- timing
+
+def time_jax(fn, *args, samples=15, target_s=0.02):
+    """Median seconds per call: calls are queued back to back and synchronised once per
+    sample, so host dispatch overlaps device work as in a training loop."""
+    jax.block_until_ready(fn(*args))          # compile
+    jax.block_until_ready(fn(*args))
+    t0 = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    once = time.perf_counter() - t0
+    reps = int(max(1, min(100, target_s / max(once, 1e-6))))
+    times = []
+    for _ in range(samples):
+        t0 = time.perf_counter()
+        for _ in range(reps):
+            out = fn(*args)
+        jax.block_until_ready(out)
+        times.append((time.perf_counter() - t0) / reps)
+    return statistics.median(times)
+
+
+def time_torch(fn):
+    import triton.testing
+    return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") / 1e3
+
+
+def copy_bandwidth():
+    """Bytes read + written per second by a large device copy (x + 1 over 2 GiB of bf16)."""
+    x = jnp.ones((1024, 1024 * 1024), jnp.bfloat16)
+    f = jax.jit(lambda a: a + 1)
+    s = time_jax(f, x, samples=10)
+    return 2 * x.size * x.dtype.itemsize / s
+
+
+# ----------------------------------------------------------------------------- inputs
+
+def gdn_inputs(key, b, t, dtype=jnp.bfloat16):
+    """As fla benchmarks them: g = logsigmoid(randn), beta = sigmoid(rand), L2-normalised
+    q and k."""
+    kq, kk, kv, kg, kb = jax.random.split(key, 5)
+    norm = lambda x: x / jnp.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
+    q = norm(jax.random.normal(kq, (b, t, H, D), jnp.float32)).astype(dtype)
+    k = norm(jax.random.normal(kk, (b, t, H, D), jnp.float32)).astype(dtype)
+    v = jax.random.normal(kv, (b, t, H, D), jnp.float32).astype(dtype)
+    g = jax.nn.log_sigmoid(jax.random.normal(kg, (b, t, H), jnp.float32))
+    beta = jax.nn.sigmoid(jax.random.uniform(kb, (b, t, H), jnp.float32))
+    return q, k, v, g, beta
+
+
+def la_inputs(key, b, t, dtype=jnp.bfloat16):
+    """Positive features (a feature map's output), normalised so sums stay O(1)."""
+    kq, kk, kv = jax.random.split(key, 3)
+    q = jax.nn.softmax(jax.random.normal(kq, (b, t, H, D), jnp.float32), -1).astype(dtype)
+    k = jax.nn.softmax(jax.random.normal(kk, (b, t, H, D), jnp.float32), -1).astype(dtype)
+    v = jax.random.normal(kv, (b, t, H, D), jnp.float32).astype(dtype)
+    return q, k, v
+
+
+# ----------------------------------------------------------------------------- our ops
+
+def gdn_fn(impl):
+    def f(q, k, v, g, beta):
+        if impl == "pallas":
+            return kp.gated_delta_rule(q, k, v, g, beta, chunk_size=64)
+        return ops.gated_delta_rule(q, k, v, g, beta, impl=impl, chunk_size=64)
+    return f
+
+
+def la_fn(impl):
+    def f(q, k, v):
+        if impl == "pallas":
+            return kp.linear_attention(q, k, v, normalize=True, chunk_size=64)
+        return ops.linear_attention(q, k, v, normalize=True, impl=impl, chunk_size=64)
+    return f
+
+
+def cudnn_fn(q, k, v):
+    return jax.nn.dot_product_attention(q, k, v, implementation="cudnn", is_causal=True)
+
+
+def fwd_bwd(f, ndiff):
+    """jit of the VJP of f w.r.t. its first ndiff arguments with a fixed cotangent."""
+    def run(*args):
+        out, pull = jax.vjp(lambda *d: f(*d, *args[ndiff:-1]), *args[:ndiff])
+        return pull(args[-1])
+    return jax.jit(run)
+
+
+def rel_rms(a, b):
+    a, b = jnp.asarray(a, jnp.float32), jnp.asarray(b, jnp.float32)
+    return float(jnp.sqrt(jnp.mean((a - b) ** 2)) / jnp.sqrt(jnp.mean(b ** 2)))
+
+
+# ----------------------------------------------------------------------------- fla
+
+def fla_module():
+    try:
+        import torch
+        import fla.ops as fops
+        assert torch.cuda.is_available()
+        return torch, fops
+    except Exception as e:  # noqa: BLE001
+        print(f"# fla not available: {type(e).__name__}: {e}")
+        return None, None
+
+
+def fla_rows(torch, fops, b, t):
+    out = {}
+    dev = "cuda"
+    q = torch.nn.functional.normalize(torch.randn(b, t, H, D, device=dev), dim=-1).bfloat16()
+    k = torch.nn.functional.normalize(torch.randn(b, t, H, D, device=dev), dim=-1).bfloat16()
+    v = torch.randn(b, t, H, D, device=dev).bfloat16()
+    g = torch.nn.functional.logsigmoid(torch.randn(b, t, H, device=dev)).float()
+    beta = torch.rand(b, t, H, device=dev).sigmoid().float()
+    with torch.no_grad():
+        out["gdn"] = time_torch(lambda: fops.chunk_gated_delta_rule(q, k, v, g, beta))
+        qa, ka = (torch.softmax(torch.randn(b, t, H, D, device=dev), -1).bfloat16()
+                  for _ in range(2))
+        out["linear"] = time_torch(lambda: fops.chunk_linear_attn(qa, ka, v, normalize=True))
+    return out
+
+
+def fla_decode(torch, fops):
+    dev = "cuda"
+    b = DECODE_B
+    q = torch.nn.functional.normalize(torch.randn(b, 1, H, D, device=dev), dim=-1).bfloat16()
+    k = torch.nn.functional.normalize(torch.randn(b, 1, H, D, device=dev), dim=-1).bfloat16()
+    v = torch.randn(b, 1, H, D, device=dev).bfloat16()
+    g = torch.nn.functional.logsigmoid(torch.randn(b, 1, H, device=dev)).float()
+    beta = torch.rand(b, 1, H, device=dev).sigmoid().float()
+    s = torch.randn(b, H, D, D, device=dev).float()
+    with torch.no_grad():
+        return time_torch(lambda: fops.fused_recurrent_gated_delta_rule(
+            q, k, v, g, beta=beta, initial_state=s, output_final_state=True))
+
+
+# ----------------------------------------------------------------------------- main
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parents[1] / "docs"))
+    ap.add_argument("--shapes", default="8x2048,2x8192,1x32768")
+    ap.add_argument("--skip", default="", help="comma list of impls to skip (chunk, fla, ...)")
+    args = ap.parse_args()
+    shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
+    skip = set(filter(None, args.skip.split(",")))
+    dev = jax.devices()[0]
+    device = getattr(dev, "device_kind", str(dev))
+    date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
+    print(f"# device {device}, jax {jax.__version__}, {date}")
+    records, notes = [], []
+
+    def record(op, impl, pss, b, t, seconds, floor_bytes, extra=None):
+        rec = {"op": op, "impl": impl, "pass": pss, "B": b, "T": t, "H": H, "D": D,
+               "ms": round(seconds * 1e3, 4), "device": device, "jax": jax.__version__,
+               "date": date, "floor_ms": round(floor_bytes / bw * 1e3, 4)}
+        if extra:
+            rec.update(extra)
+        records.append(rec)
+        print(f"{op:8s} {impl:16s} {pss:8s} B{b:<2d} T{t:<6d} {seconds * 1e3:9.3f} ms "
+              f"{b * t / seconds / 1e6:9.2f} Mtok/s  floor {rec['floor_ms']:.3f} ms", flush=True)
+
+    def attempt(label, fn):
+        try:
+            return fn()
+        except Exception as e:  # noqa: BLE001  (one failing row must not stop the job)
+            msg = f"{label}: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
+            print("# FAILED " + msg, flush=True)
+            traceback.print_exc(limit=3)
+            notes.append(msg)
+            return None
+
+    # peak memory first, while nothing else is allocated
+    bmax, tmax = max(shapes, key=lambda s: s[1])
+    peaks = {}
+    for op in ("gdn", "linear"):
+        def peak(op=op):
+            key = jax.random.PRNGKey(0)
+            if op == "gdn":
+                xs = gdn_inputs(key, bmax, tmax)
+                f = fwd_bwd(gdn_fn("pallas"), 5)
+            else:
+                xs = la_inputs(key, bmax, tmax)
+                f = fwd_bwd(la_fn("pallas"), 3)
+            do = jnp.ones_like(xs[2])
+            base = dev.memory_stats().get("peak_bytes_in_use", 0)
+            jax.block_until_ready(f(*xs, do))
+            stats = dev.memory_stats()
+            inputs = sum(x.nbytes for x in xs) + do.nbytes
+            peaks[op] = {"peak_bytes": stats["peak_bytes_in_use"], "before": base,
+                         "inputs_bytes": inputs}
+            print(f"# peak memory {op} fwd+bwd B{bmax} T{tmax}: "
+                  f"{stats['peak_bytes_in_use'] / 2**30:.2f} GiB (inputs {inputs / 2**30:.2f}"
+                  f" GiB)", flush=True)
+        attempt(f"peak {op}", peak)
+
+    bw = copy_bandwidth()
+    print(f"# copy bandwidth {bw / 1e12:.2f} TB/s (read + write)")
+    torch, fops = (None, None) if "fla" in skip else fla_module()
+
+    checks = {}
+    for b, t in shapes:
+        n_tok = b * t * H * D
+        fwd_bytes = 4 * n_tok * 2            # q, k, v read, o written (bf16)
+        fb_bytes = 11 * n_tok * 2            # + do, q, k, v read; dq, dk, dv written
+        key = jax.random.PRNGKey(b * t)
+        q, k, v, g, beta = gdn_inputs(key, b, t)
+        qa, ka, va = la_inputs(jax.random.fold_in(key, 1), b, t)
+        do = jax.random.normal(jax.random.fold_in(key, 2), v.shape, jnp.float32).astype(v.dtype)
+        for impl in ("pallas", "chunk"):
+            if impl in skip:
+                continue
+            attempt(f"gdn {impl} fwd {b}x{t}", lambda: record(
+                "gdn", impl, "fwd", b, t, time_jax(jax.jit(gdn_fn(impl)), q, k, v, g, beta),
+                fwd_bytes))
+            attempt(f"gdn {impl} fwd+bwd {b}x{t}", lambda: record(
+                "gdn", impl, "fwd+bwd", b, t,
+                time_jax(fwd_bwd(gdn_fn(impl), 5), q, k, v, g, beta, do), fb_bytes))
+            attempt(f"linear {impl} fwd {b}x{t}", lambda: record(
+                "linear", impl, "fwd", b, t, time_jax(jax.jit(la_fn(impl)), qa, ka, va),
+                fwd_bytes))
+            attempt(f"linear {impl} fwd+bwd {b}x{t}", lambda: record(
+                "linear", impl, "fwd+bwd", b, t,
+                time_jax(fwd_bwd(la_fn(impl), 3), qa, ka, va, do), fb_bytes))
+        if "cudnn" not in skip:
+            attempt(f"cudnn fwd {b}x{t}", lambda: record(
+                "softmax", "cudnn", "fwd", b, t, time_jax(jax.jit(cudnn_fn), q, k, v),
+                fwd_bytes))
+            attempt(f"cudnn fwd+bwd {b}x{t}", lambda: record(
+                "softmax", "cudnn", "fwd+bwd", b, t,
+                time_jax(fwd_bwd(cudnn_fn, 3), q, k, v, do), fb_bytes))
+        if fops is not None:
+            res = attempt(f"fla {b}x{t}", lambda: fla_rows(torch, fops, b, t))
+            for op, s in (res or {}).items():
+                record(op, "fla", "fwd", b, t, s, fwd_bytes)
+
+        # accuracy: bf16 Pallas against the float32 chunk form on the same inputs
+        def acc():
+            f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
+            ref = jax.jit(gdn_fn("chunk"))(f32(q), f32(k), f32(v), g, beta)
+            got = jax.jit(gdn_fn("pallas"))(q, k, v, g, beta)
+            gref = fwd_bwd(gdn_fn("chunk"), 3)(f32(q), f32(k), f32(v), g, beta, f32(do))
+            ggot = fwd_bwd(gdn_fn("pallas"), 3)(q, k, v, g, beta, do)
+            la_ref = jax.jit(la_fn("chunk"))(f32(qa), f32(ka), f32(va))
+            la_got = jax.jit(la_fn("pallas"))(qa, ka, va)
+            c = {"gdn_o": rel_rms(got, ref), "linear_o": rel_rms(la_got, la_ref)}
+            for name, a_, r_ in zip(("gdn_dq", "gdn_dk", "gdn_dv"), ggot, gref):
+                c[name] = rel_rms(a_, r_)
+            checks[f"{b}x{t}"] = c
+            print(f"# rel RMS error bf16 pallas vs f32 chunk {b}x{t}: "
+                  + ", ".join(f"{n} {x:.2e}" for n, x in c.items()), flush=True)
+        if "chunk" not in skip and b * t <= 16384:
+            attempt(f"accuracy {b}x{t}", acc)
+
+    # decode: one token, B64 H16 D128, float32 state
+    key = jax.random.PRNGKey(7)
+    ks = jax.random.split(key, 6)
+    qd = jax.random.normal(ks[0], (DECODE_B, H, D), jnp.bfloat16)
+    kd_ = jax.random.normal(ks[1], (DECODE_B, H, D), jnp.float32)
+    kd_ = (kd_ / jnp.linalg.norm(kd_, axis=-1, keepdims=True)).astype(jnp.bfloat16)
+    vd = jax.random.normal(ks[2], (DECODE_B, H, D), jnp.bfloat16)
+    gd = jax.nn.log_sigmoid(jax.random.normal(ks[3], (DECODE_B, H)))
+    bd = jax.nn.sigmoid(jax.random.uniform(ks[4], (DECODE_B, H)))
+    sd = jax.random.normal(ks[5], (DECODE_B, H, D, D), jnp.float32)
+    dec_bytes = 2 * sd.nbytes
+    xla_step = jax.jit(kp.gated_delta_step, donate_argnums=(5,))
+
+    def run_decode(step, name):
+        state = {"s": jnp.array(sd)}
+
+        def call():
+            o, state["s"] = step(qd, kd_, vd, gd, bd, state["s"])
+            return o
+        s = time_jax(lambda: call())
+        record("gdn", name, "decode", DECODE_B, 1, s, dec_bytes)
+    attempt("decode xla", lambda: run_decode(xla_step, "xla-step"))
+    attempt("decode pallas", lambda: run_decode(kp.gated_delta_step_pallas, "pallas-step"))
+
+    def dec_check():
+        o1, s1 = kp.gated_delta_step(qd, kd_, vd, gd, bd, sd)
+        o2, s2 = kp.gated_delta_step_pallas(qd, kd_, vd, gd, bd, jnp.array(sd))
+        checks["decode_pallas_vs_xla"] = {"o": rel_rms(o2, o1), "state": rel_rms(s2, s1)}
+        print(f"# decode pallas vs xla: {checks['decode_pallas_vs_xla']}")
+    attempt("decode check", dec_check)
+    if fops is not None:
+        s = attempt("fla decode", lambda: fla_decode(torch, fops))
+        if s:
+            record("gdn", "fla-fused-recurrent", "decode", DECODE_B, 1, s, dec_bytes)
+
+    # ratios to the anchors
+    def anchor(rec):
+        if rec["pass"] == "fwd":
+            want = ("fla", rec["op"])
+        elif rec["pass"] == "fwd+bwd":
+            want = ("cudnn", "softmax")
+        else:
+            want = ("fla-fused-recurrent", "gdn")
+        for r in records:
+            if (r["impl"], r["op"], r["pass"], r["B"], r["T"]) == (want[0], want[1],
+                                                                    rec["pass"], rec["B"],
+                                                                    rec["T"]):
+                return r["ms"]
+        return None
+    for r in records:
+        a = anchor(r)
+        r["ratio_to_anchor"] = round(r["ms"] / a, 3) if a else None
+
+    out = pathlib.Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    meta = {"copy_bandwidth_TBps": round(bw / 1e12, 3), "peak_memory": peaks,
+            "accuracy_rel_rms": checks, "failures": notes,
+            "command": "python scripts/bench_kernels.py " + " ".join(sys.argv[1:])}
+    (out / "benchmarks.json").write_text(json.dumps(records, indent=1) + "\n")
+    (out / "benchmarks_meta.json").write_text(json.dumps(meta, indent=1) + "\n")
+    (out / "benchmarks.md").write_text(markdown(records, meta))
+    print(markdown(records, meta))
+
+
+def markdown(records, meta):
+    lines = ["# Kernel benchmarks", "",
+             f"Made by `{meta['command']}` (scripts/bench_kernels.py); "
+             f"{records[0]['device'] if records else '?'}, jax "
+             f"{records[0]['jax'] if records else '?'}, {records[0]['date'] if records else ''}."
+             " bf16 inputs, float32 state, H16 D128, chunk 64; median ms.",
+             "Anchor: fla forward for `fwd`, cuDNN flash attention for `fwd+bwd`, fla fused "
+             "recurrent for `decode`. Floor: bytes read + written over the copy bandwidth "
+             f"measured in the same job ({meta['copy_bandwidth_TBps']} TB/s).", "",
+             "| op | impl | pass | B | T | ms | Mtok/s | floor ms | x anchor |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(records, key=lambda r: (r["pass"], r["T"], r["op"], r["impl"])):
+        tok = r["B"] * r["T"] / (r["ms"] / 1e3) / 1e6
+        ratio = "" if r.get("ratio_to_anchor") is None else f"{r['ratio_to_anchor']:.2f}"
+        lines.append(f"| {r['op']} | {r['impl']} | {r['pass']} | {r['B']} | {r['T']} | "
+                     f"{r['ms']:.3f} | {tok:.1f} | {r['floor_ms']:.3f} | {ratio} |")
+    lines += ["", "Peak memory of fwd+bwd (bytes in use at the peak, whole process):", ""]
+    for op, p in meta["peak_memory"].items():
+        lines.append(f"- {op}: {p['peak_bytes'] / 2**30:.2f} GiB "
+                     f"(inputs + cotangent {p['inputs_bytes'] / 2**30:.2f} GiB)")
+    lines += ["", "Relative RMS error of the bf16 Pallas runs against the float32 chunk form:",
+              ""]
+    for shape, c in meta["accuracy_rel_rms"].items():
+        lines.append(f"- {shape}: " + ", ".join(f"{k} {v:.2e}" for k, v in
+                                                (c.items() if isinstance(c, dict) else [])))
+    if meta["failures"]:
+        lines += ["", "Rows that failed:", ""] + [f"- {f}" for f in meta["failures"]]
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
