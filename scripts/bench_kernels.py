@@ -99,6 +99,8 @@ def gdn_fn(impl):
     def f(q, k, v, g, beta):
         if impl == "pallas":
             return kp.gated_delta_rule(q, k, v, g, beta, chunk_size=64)
+        if impl == "pallas-xlaprep":   # Pallas recurrence, XLA chunk preparation
+            return kp.gated_delta_rule(q, k, v, g, beta, chunk_size=64, fused_prep=False)
         return ops.gated_delta_rule(q, k, v, g, beta, impl=impl, chunk_size=64)
     return f
 
@@ -121,6 +123,15 @@ def fwd_bwd(f, ndiff):
         out, pull = jax.vjp(lambda *d: f(*d, *args[ndiff:-1]), *args[:ndiff])
         return pull(args[-1])
     return jax.jit(run)
+
+
+def breakdown(q, k, v, g, beta):
+    """Where the GDN forward goes: the chunk preparation (Pallas one-pass vs XLA) alone."""
+    from kernels.pallas import gdn
+    c = 64
+    for name, fn in (("prep_pallas", gdn.prep_pallas), ("prep_xla", gdn.prep_xla)):
+        s = time_jax(jax.jit(lambda *a: fn(*a, c)), q, k, v, g, beta)
+        print(f"# breakdown {name} {q.shape}: {s * 1e3:.3f} ms", flush=True)
 
 
 def rel_rms(a, b):
@@ -244,7 +255,7 @@ def main():
         q, k, v, g, beta = gdn_inputs(key, b, t)
         qa, ka, va = la_inputs(jax.random.fold_in(key, 1), b, t)
         do = jax.random.normal(jax.random.fold_in(key, 2), v.shape, jnp.float32).astype(v.dtype)
-        for impl in ("pallas", "chunk"):
+        for impl in ("pallas", "pallas-xlaprep", "chunk"):
             if impl in skip:
                 continue
             attempt(f"gdn {impl} fwd {b}x{t}", lambda: record(
@@ -253,6 +264,10 @@ def main():
             attempt(f"gdn {impl} fwd+bwd {b}x{t}", lambda: record(
                 "gdn", impl, "fwd+bwd", b, t,
                 time_jax(fwd_bwd(gdn_fn(impl), 5), q, k, v, g, beta, do), fb_bytes))
+            if impl == "pallas-xlaprep":
+                if b * t == 16384 and t == 8192:
+                    attempt("breakdown", lambda: breakdown(q, k, v, g, beta))
+                continue
             attempt(f"linear {impl} fwd {b}x{t}", lambda: record(
                 "linear", impl, "fwd", b, t, time_jax(jax.jit(la_fn(impl)), qa, ka, va),
                 fwd_bytes))
