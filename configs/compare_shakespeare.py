@@ -1,7 +1,8 @@
 """Character-level tiny-Shakespeare: nanoGPT's GPU recipe for softmax, then every mixer.
 
-    python -m eval.compare --config=configs/compare_shakespeare.py --workdir=runs/cmp_shakespeare
-    python -m eval.compare --config=configs/compare_shakespeare.py:tiny ...   # CPU check
+    python -m eval.compare --config=configs/compare_shakespeare.py --workdir=runs/cmp_shakespeare \
+        --config.overrides.data.files=path/to/tinyshakespeare/input.txt
+    python -m eval.compare --config=configs/compare_shakespeare.py:tiny ... # CPU check (same flag)
 
 nanoGPT `config/train_shakespeare_char.py`: 6 layers, 6 heads, 384 wide, context 256,
 batch 64, dropout 0.2, lr 1e-3, 5,000 steps (best val loss 1.4697; 1.4612 measured on an
@@ -9,6 +10,7 @@ H200). Every other mixer runs at 8 layers, so the 1-in-8 hybrid has its one soft
 layer; softmax at 8 layers is there as the like-for-like baseline.
 """
 import ml_collections
+from ml_collections import config_dict
 
 LINEAR = ["gated_deltanet", "deltanet", "based", "linear", "hedgehog", "performer",
           "lightning", "sliding_window"]
@@ -24,12 +26,13 @@ def get_config(arg: str = ""):
   c = ml_collections.ConfigDict()
   c.title = "tiny-Shakespeare (characters): validation loss"
   c.task = "lm"
-  c.base_config = "configs/shakespeare_char.py"
+  c.base_config = "configs/shakespeare_char_gpu.py"  # the recipe; precision bf16 below
   c.lr_key = "train.lr"
   c.seed_key = "train.seed"
   c.overrides = {"model": {"d_model": 384, "num_heads": 6, "dropout": 0.2},
-                 "data": {"seq_len": 256},
-                 "train": {"steps": 5000, "batch_size": 64},
+                 "data": {"seq_len": 256, "files": config_dict.placeholder(str)},
+                 "train": {"steps": 5000, "batch_size": 64, "precision": "bfloat16",
+                           "eval_every": 250, "eval_batches": 50, "checkpoint_every": 1000},
                  "logging": {"wandb": "disabled"}}
   c.settings = [{"name": "char", "overrides": {}}]
   c.mixers = ([_mixer("softmax_6L", "softmax", 6)]
@@ -42,6 +45,10 @@ def get_config(arg: str = ""):
   c.eval = {"batch_size": 64, "num_batches": 200}  # nanoGPT: eval_iters 200 x batch 64
   c.train_timeout_s = 3600
   if arg == "tiny":  # CPU check of the machinery: a few steps of a 1-layer model
+    c.base_config = "configs/shakespeare_char.py"
+    c.overrides.train.precision = "float32"
+    c.overrides.train.eval_every = 0
+    c.overrides.train.eval_batches = 2
     c.overrides.model.d_model = 32
     c.overrides.model.num_heads = 2
     c.overrides.data.seq_len = 32

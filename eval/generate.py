@@ -80,13 +80,15 @@ def generate(model: nnx.Module, prompt: np.ndarray, max_new_tokens: int, *,
         return toks.T, cache
 
     tokens = jnp.asarray(prompt)
-    prefill_c = jax.jit(prefill).lower(state, tokens, cache).compile()
+    # The cache is donated: a softmax KV cache can be tens of GB, and it must not be
+    # copied between the prefill and the decode loop.
+    prefill_c = jax.jit(prefill, donate_argnums=(2,)).lower(state, tokens, cache).compile()
     t0 = time.perf_counter()
     logits, cache = jax.block_until_ready(prefill_c(state, tokens, cache))
     prefill_s = time.perf_counter() - t0
 
     key = jax.random.PRNGKey(seed)
-    decode_c = jax.jit(decode).lower(state, logits, cache, key).compile()
+    decode_c = jax.jit(decode, donate_argnums=(2,)).lower(state, logits, cache, key).compile()
     t0 = time.perf_counter()
     toks, cache = jax.block_until_ready(decode_c(state, logits, cache, key))
     decode_s = time.perf_counter() - t0
