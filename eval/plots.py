@@ -105,5 +105,6 @@ def speed_plot(series: dict[str, dict[str, Sequence[tuple[int, float]]]], path: 
         ax.set_xlabel("sequence / context length T (tokens)")
         ax.set_ylabel(labels.get(kind, kind))
         ax.grid(alpha=0.3, which="both")
-        ax.legend(fontsize=7)
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7)
     return _save(fig, path)

@@ -194,7 +194,7 @@ def markdown(records: list[dict], *, title: str, settings_order: Sequence[str] =
         elif task == "speed":
             parts += ["## Speed", "", speed_table(records)]
     if failed:
-        parts += ["", "## Failed runs (retried on the next invocation)", ""]
+        parts += ["", "## Failed or incomplete runs (retried on the next invocation)", ""]
         parts += [f"- {f}" for f in failed]
     if plots:
         parts += ["", "## Plots", ""] + [f"![{p}]({p})" for p in plots]
