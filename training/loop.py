@@ -53,13 +53,17 @@ def loss_sums(model, batch, *, deterministic: bool):
 def make_train_step(parts: model_state.ModelParts, tx, grad_accum: int, mesh):
   """A pure function (params, opt_state, batch, rng) -> (params, opt_state, metrics)."""
 
-  def grads_of(params, batch, rng):
-    rest = model_state.rekey(parts.rest, rng)  # dropout keyed by (seed, step, microbatch)
+  def summed(p, batch, rng):
+    # Dropout keyed by (seed, step, microbatch). The model is merged inside its own jit
+    # (inlined by XLA): NNX lets a model mutate Variables (RNG counters, remat's
+    # write-back) only in the trace that created them.
+    rest = model_state.rekey(parts.rest, rng)
+    s, n, c = loss_sums(parts.merge(p, rest), batch, deterministic=False)
+    return s, (n, c)
+  summed_grad = jax.value_and_grad(jax.jit(summed), has_aux=True)
 
-    def summed(p):
-      s, n, c = loss_sums(parts.merge(p, rest), batch, deterministic=False)
-      return s, (n, c)
-    (s, (n, c)), g = jax.value_and_grad(summed, has_aux=True)(params)
+  def grads_of(params, batch, rng):
+    (s, (n, _)), g = summed_grad(params, batch, rng)
     return s, n, g
 
   def step(params, opt_state, batch, rng):

@@ -50,7 +50,11 @@ class ModelParts:
     state = nnx.State.from_flat_path(
         [(path, self.param_template_flat[name].replace(params[name]))
          for name, path in self.names.items()])
-    return nnx.merge(self.graphdef, state, self.rest if rest is None else rest)
+    rest = self.rest if rest is None else rest
+    # Re-create every Variable in the current trace (a pytree round trip): NNX refuses to
+    # mutate (RNG counters, remat write-back) Variables made at another trace level.
+    state, rest = jax.tree.map(lambda x: x, (state, rest))
+    return nnx.merge(self.graphdef, state, rest)
 
   @property
   def param_template_flat(self):

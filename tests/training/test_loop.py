@@ -2,7 +2,9 @@
 import json
 import re
 
+import jax
 import numpy as np
+from flax import nnx
 import pytest
 
 from tests.training.conftest import tiny_config
@@ -146,3 +148,18 @@ def test_missing_and_empty_files_are_named(tmp_path):
   config.data.files = str(tmp_path / "empty.txt")
   with pytest.raises(config_tools.ConfigError, match="empty.txt.*empty"):
     loop.train(config, str(tmp_path / "w2"))
+
+
+def test_remat_is_exact_and_bfloat16_is_close_with_float32_params(tmp_path):
+  steps = {"train.steps": 3, "train.checkpoint_every": 0}
+  loop.train(tiny_config(**steps), str(tmp_path / "f32"))
+  loop.train(tiny_config(**steps, **{"train.remat": True}), str(tmp_path / "remat"))
+  loop.train(tiny_config(**steps, **{"train.precision": "bfloat16"}), str(tmp_path / "bf16"))
+  f32, remat, bf16 = (train_losses(tmp_path / n) for n in ("f32", "remat", "bf16"))
+  for s in f32:
+    assert remat[s] == pytest.approx(f32[s], rel=1e-6)   # recomputation changes no value
+    assert bf16[s] == pytest.approx(f32[s], rel=3e-2)    # bf16 matmuls: ~3 digits
+  assert bf16 != f32  # bfloat16 compute really happened
+  model, config, _, _ = checkpoint.load_for_eval(tmp_path / "bf16")
+  assert config.train.precision == "bfloat16"
+  assert {str(p.dtype) for p in jax.tree.leaves(nnx.state(model, nnx.Param))} == {"float32"}
