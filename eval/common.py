@@ -99,6 +99,23 @@ def token_stats_fn(logits_fn: Callable[..., jax.Array]):
     return stats
 
 
+def user_errors(main):
+    """Wraps a CLI main: a mistake the user can fix (missing workdir, wrong task, bad
+    flag value) exits with one line naming it instead of a traceback."""
+    import functools
+
+    @functools.wraps(main)
+    def wrapped(argv):
+        from absl import logging
+        logging.set_verbosity(logging.WARNING)  # orbax logs every file it reads at INFO
+        try:
+            return main(argv)
+        except (ValueError, FileNotFoundError) as e:
+            sys.exit(f"error: {e}")
+
+    return wrapped
+
+
 def print_json(record: Mapping[str, Any]) -> None:
     """Prints one JSON line to stdout (the CLIs' machine-readable result is the last line)."""
     sys.stdout.flush()

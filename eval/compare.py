@@ -409,6 +409,7 @@ def sweep(cfg: Mapping[str, Any], workdir: str, *, python: str = sys.executable,
     return write_outputs(cfg, runs, workdir)
 
 
+@common.user_errors
 def main(argv):
     del argv
     from absl import flags

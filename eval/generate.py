@@ -117,6 +117,7 @@ def run(workdir: str, prompt: str, max_new_tokens: int, temperature: float = 0.8
             "mixers": sorted(set(model.layer_mixers())) if hasattr(model, "layer_mixers") else None}
 
 
+@common.user_errors
 def main(argv):
     del argv
     from absl import flags

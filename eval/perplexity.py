@@ -128,6 +128,7 @@ def run(workdir: str, files: str | None = None, batch_size: int = 16,
     return result
 
 
+@common.user_errors
 def main(argv):
     del argv
     from absl import flags

@@ -200,6 +200,7 @@ def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
 
+@common.user_errors
 def main(argv):
     del argv
     from absl import flags
