@@ -27,9 +27,10 @@ def get_config(arg: str = ""):
   # in order of priority: a sweep cut short by its time budget keeps the first ones
   c.mixers = [_mixer("gated_deltanet", "gated_deltanet"), _mixer("softmax", "softmax"),
               _mixer("hybrid", "gated_deltanet", softmax_every=8), _mixer("based", "based")]
+  # 32K first: with a time budget, the longest context is the one to keep
   c.speed = {"train_lengths": (2048, 8192), "train_batch": 4, "train_steps": 5,
-             "decode_contexts": (1024, 8192, 32768), "decode_batch": 64,
-             "decode_tokens": 64}
+             "decode_contexts": (32768, 1024, 8192), "decode_batch": 64,
+             "decode_tokens": 32}
   if arg == "tiny":
     c.model = {"vocab_size": 64, "d_model": 32, "num_layers": 2, "num_heads": 2,
                "max_len": 256}

@@ -173,14 +173,6 @@ def evaluate_run(task: str, run_dir: str, ecfg: Mapping[str, Any]) -> dict[str, 
             "layers": common.cfg_get(config, "model.num_layers")}
 
 
-class BudgetSpent(Exception):
-    """The sweep's time budget ran out inside a run; `partial` holds what was measured."""
-
-    def __init__(self, message: str, partial: dict | None = None):
-        super().__init__(message)
-        self.partial = partial or {}
-
-
 def state_size_at(model, seq_len: int) -> int:
     """Numbers held per sequence while decoding after `seq_len` tokens (Zoology's x-axis):
     the KV cache grows with seq_len, linear states do not."""
@@ -207,13 +199,11 @@ def run_speed(cfg: Mapping, run: Mapping, deadline: float | None, log) -> dict[s
     tps = [c.get("tokens_per_s") for c in m["train"].values() if "tokens_per_s" in c]
     skipped = [f"{kind} {n}" for kind in ("train", "decode") for n, c in m[kind].items()
                if str(c.get("error", "")).startswith("skipped")]
-    if skipped:
-        raise BudgetSpent(f"{run['name']}: the time budget ran out before {', '.join(skipped)}",
-                          partial=m)
     return {"metrics": {"train": m["train"], "decode": m["decode"]}, "params": m["params"],
             "state_size": m["state_size"], "d_model": model_cfg.get("d_model"),
             "layers": model_cfg.get("num_layers"), "step": 0,
-            "tokens_per_s": max(tps) if tps else None}
+            "tokens_per_s": max(tps) if tps else None,
+            "partial": f"the time budget ran out before {', '.join(skipped)}" if skipped else None}
 
 
 def train_subprocess(cfg: Mapping, run: Mapping, run_dir: str, python: str) -> None:
@@ -311,7 +301,10 @@ def write_outputs(cfg: Mapping, runs: list[dict], workdir: str) -> list[dict]:
                 failed.append(f"{run['name']}: {json.load(f).get('error', '')[:300]}")
         elif os.path.isfile(os.path.join(workdir, run["name"], "partial.json")):
             with open(os.path.join(workdir, run["name"], "partial.json")) as f:
-                failed.append(f"{run['name']} (incomplete): {json.dumps(json.load(f))[:600]}")
+                rec = json.load(f)
+            records.append(rec)  # in the tables, flagged; not `done`
+            failed.append(f"{run['name']} (incomplete, its numbers are in the tables): "
+                          f"{rec.get('partial')}")
     with open(os.path.join(workdir, "results.jsonl.tmp"), "w") as f:
         for r in records:
             f.write(json.dumps(r) + "\n")
@@ -384,19 +377,18 @@ def sweep(cfg: Mapping[str, Any], workdir: str, *, python: str = sys.executable,
         run_dir = os.path.join(workdir, run["name"])
         try:
             rec = do_run(cfg, run, workdir, python, deadline, log)
-        except BudgetSpent as e:  # not done: the next invocation measures it again
-            os.makedirs(run_dir, exist_ok=True)
-            common.write_json(os.path.join(run_dir, "partial.json"),
-                              {"error": str(e), "metrics": e.partial})
-            log(f"compare: {e}; left for the next invocation")
-            write_outputs(cfg, runs, workdir)
-            break
         except Exception as e:  # noqa: BLE001 (one failed run must not stop the sweep)
             os.makedirs(run_dir, exist_ok=True)
             common.write_json(os.path.join(run_dir, "failed.json"),
                               {"error": f"{type(e).__name__}: {e}"})
             log(f"compare: {run['name']} FAILED: {type(e).__name__}: {str(e)[:500]}")
         else:
+            if rec.get("partial"):  # cut by the time budget: shown, but measured again next time
+                common.write_json(os.path.join(run_dir, "partial.json"), rec)
+                log(f"compare: {run['name']}: {rec['partial']}; kept as partial.json, "
+                    "redone by the next invocation")
+                write_outputs(cfg, runs, workdir)
+                break
             for stale in ("failed.json", "partial.json"):
                 if os.path.exists(os.path.join(run_dir, stale)):
                     os.remove(os.path.join(run_dir, stale))

@@ -162,7 +162,10 @@ def _get(m: dict, kind: str, key: int, field: str):
         cell = m.get(kind, {}).get(key)
     if not cell:
         return None
-    return cell.get(field, cell.get("error"))
+    if field in cell:
+        return cell[field]
+    err = str(cell.get("error", ""))
+    return "skipped" if err.startswith("skipped") else f"failed ({err.split(':')[0][:40]})"
 
 
 def _mean(vals):
@@ -175,7 +178,8 @@ def markdown(records: list[dict], *, title: str, settings_order: Sequence[str] =
     """The whole results.md of one sweep: a table per task present, then the plots."""
     best = best_lr(records)
     tasks = _ordered([r["task"] for r in records], ["lm", "mqar", "niah", "speed"])
-    parts = [f"# {title}", "", f"{len(records)} finished runs. Tables show, for each "
+    n_done = sum(1 for r in records if not r.get("partial"))
+    parts = [f"# {title}", "", f"{n_done} finished runs. Tables show, for each "
              "(setting, mixer, size), the learning rate with the best mean over seeds."]
     for task in tasks:
         parts.append("")
