@@ -18,6 +18,9 @@ import jax
 from training import config_tools
 
 CHECKPOINT_DIR = "checkpoints"
+# Model keys that change how a model is computed, not what it is: a run may resume with
+# other values (e.g. bfloat16 compute or remat to save memory).
+RUNTIME_MODEL_KEYS = frozenset({"dtype", "remat", "impl", "chunk_size", "max_len", "dropout"})
 
 
 class CheckpointMismatch(ValueError):
@@ -85,6 +88,20 @@ class Checkpointer:
       if tuple(saved[name]) != tuple(shapes[name]):
         problems.append(f"parameter {name!r} has shape {tuple(saved[name])} in the checkpoint "
                         f"but {tuple(shapes[name])} in the model")
+    if not problems and model_section is not None:
+      # Same shapes can still be another model (softmax and linear attention have the same
+      # projections): the architecture keys of the saved config must match too.
+      try:
+        old = self.meta(step).get("config", {}).get("model", {})
+      except Exception:
+        old = {}
+      for key in sorted(set(old) & set(model_section) - RUNTIME_MODEL_KEYS):
+        if old[key] != model_section[key]:
+          raise CheckpointMismatch(
+              f"checkpoint at step {step} in {self.directory} was written with "
+              f"model.{key}={old[key]!r}, but this config has model.{key}="
+              f"{model_section[key]!r}; its parameters would be read as another model's. "
+              f"Resume with the config it was written with, or use a fresh --workdir.")
     if not problems:
       return
     hint = ""
