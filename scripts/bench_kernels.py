@@ -101,6 +101,8 @@ def gdn_fn(impl):
             return kp.gated_delta_rule(q, k, v, g, beta, chunk_size=64)
         if impl == "pallas-xlaprep":   # Pallas recurrence, XLA chunk preparation
             return kp.gated_delta_rule(q, k, v, g, beta, chunk_size=64, fused_prep=False)
+        if impl == "pallas-bv64":      # the recurrence with 64 value columns per program
+            return kp.gated_delta_rule(q, k, v, g, beta, chunk_size=64, block_v_cols=64)
         return ops.gated_delta_rule(q, k, v, g, beta, impl=impl, chunk_size=64)
     return f
 
@@ -189,9 +191,19 @@ def main():
     ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parents[1] / "docs"))
     ap.add_argument("--shapes", default="8x2048,2x8192,1x32768")
     ap.add_argument("--skip", default="", help="comma list of impls to skip (chunk, fla, ...)")
+    ap.add_argument("--chunk-shapes", default="",
+                    help="time the pure-JAX chunk forms only at these shapes (default: all)")
+    ap.add_argument("--xlaprep", action="store_true",
+                    help="also time GDN with the XLA chunk preparation, and a breakdown")
+    ap.add_argument("--budget-s", type=float, default=1e9,
+                    help="skip the remaining timings after this many seconds (files are "
+                         "still written)")
     args = ap.parse_args()
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     skip = set(filter(None, args.skip.split(",")))
+    chunk_shapes = ({tuple(int(x) for x in s.split("x")) for s in args.chunk_shapes.split(",")}
+                    if args.chunk_shapes else set(shapes))
+    start = time.perf_counter()
     dev = jax.devices()[0]
     device = getattr(dev, "device_kind", str(dev))
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
@@ -209,6 +221,9 @@ def main():
               f"{b * t / seconds / 1e6:9.2f} Mtok/s  floor {rec['floor_ms']:.3f} ms", flush=True)
 
     def attempt(label, fn):
+        if time.perf_counter() - start > args.budget_s:
+            notes.append(f"{label}: skipped (time budget)")
+            return None
         try:
             return fn()
         except Exception as e:  # noqa: BLE001  (one failing row must not stop the job)
@@ -235,11 +250,15 @@ def main():
             jax.block_until_ready(f(*xs, do))
             stats = dev.memory_stats()
             inputs = sum(x.nbytes for x in xs) + do.nbytes
+            # the process-wide peak only grows, so also ask the compiled program itself
+            mem = f.lower(*xs, do).compile().memory_analysis()
+            temp = getattr(mem, "temp_size_in_bytes", None)
             peaks[op] = {"peak_bytes": stats["peak_bytes_in_use"], "before": base,
-                         "inputs_bytes": inputs}
-            print(f"# peak memory {op} fwd+bwd B{bmax} T{tmax}: "
-                  f"{stats['peak_bytes_in_use'] / 2**30:.2f} GiB (inputs {inputs / 2**30:.2f}"
-                  f" GiB)", flush=True)
+                         "inputs_bytes": inputs, "compiled_temp_bytes": temp}
+            print(f"# peak memory {op} fwd+bwd B{bmax} T{tmax}: process peak "
+                  f"{stats['peak_bytes_in_use'] / 2**30:.2f} GiB, program temporaries "
+                  f"{(temp or 0) / 2**30:.2f} GiB (inputs {inputs / 2**30:.2f} GiB)",
+                  flush=True)
         attempt(f"peak {op}", peak)
 
     bw = copy_bandwidth()
@@ -247,63 +266,6 @@ def main():
     torch, fops = (None, None) if "fla" in skip else fla_module()
 
     checks = {}
-    for b, t in shapes:
-        n_tok = b * t * H * D
-        fwd_bytes = 4 * n_tok * 2            # q, k, v read, o written (bf16)
-        fb_bytes = 11 * n_tok * 2            # + do, q, k, v read; dq, dk, dv written
-        key = jax.random.PRNGKey(b * t)
-        q, k, v, g, beta = gdn_inputs(key, b, t)
-        qa, ka, va = la_inputs(jax.random.fold_in(key, 1), b, t)
-        do = jax.random.normal(jax.random.fold_in(key, 2), v.shape, jnp.float32).astype(v.dtype)
-        for impl in ("pallas", "pallas-xlaprep", "chunk"):
-            if impl in skip:
-                continue
-            attempt(f"gdn {impl} fwd {b}x{t}", lambda: record(
-                "gdn", impl, "fwd", b, t, time_jax(jax.jit(gdn_fn(impl)), q, k, v, g, beta),
-                fwd_bytes))
-            attempt(f"gdn {impl} fwd+bwd {b}x{t}", lambda: record(
-                "gdn", impl, "fwd+bwd", b, t,
-                time_jax(fwd_bwd(gdn_fn(impl), 5), q, k, v, g, beta, do), fb_bytes))
-            if impl == "pallas-xlaprep":
-                if b * t == 16384 and t == 8192:
-                    attempt("breakdown", lambda: breakdown(q, k, v, g, beta))
-                continue
-            attempt(f"linear {impl} fwd {b}x{t}", lambda: record(
-                "linear", impl, "fwd", b, t, time_jax(jax.jit(la_fn(impl)), qa, ka, va),
-                fwd_bytes))
-            attempt(f"linear {impl} fwd+bwd {b}x{t}", lambda: record(
-                "linear", impl, "fwd+bwd", b, t,
-                time_jax(fwd_bwd(la_fn(impl), 3), qa, ka, va, do), fb_bytes))
-        if "cudnn" not in skip:
-            attempt(f"cudnn fwd {b}x{t}", lambda: record(
-                "softmax", "cudnn", "fwd", b, t, time_jax(jax.jit(cudnn_fn), q, k, v),
-                fwd_bytes))
-            attempt(f"cudnn fwd+bwd {b}x{t}", lambda: record(
-                "softmax", "cudnn", "fwd+bwd", b, t,
-                time_jax(fwd_bwd(cudnn_fn, 3), q, k, v, do), fb_bytes))
-        if fops is not None:
-            res = attempt(f"fla {b}x{t}", lambda: fla_rows(torch, fops, b, t))
-            for op, s in (res or {}).items():
-                record(op, "fla", "fwd", b, t, s, fwd_bytes)
-
-        # accuracy: bf16 Pallas against the float32 chunk form on the same inputs
-        def acc():
-            f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
-            ref = jax.jit(gdn_fn("chunk"))(f32(q), f32(k), f32(v), g, beta)
-            got = jax.jit(gdn_fn("pallas"))(q, k, v, g, beta)
-            gref = fwd_bwd(gdn_fn("chunk"), 3)(f32(q), f32(k), f32(v), g, beta, f32(do))
-            ggot = fwd_bwd(gdn_fn("pallas"), 3)(q, k, v, g, beta, do)
-            la_ref = jax.jit(la_fn("chunk"))(f32(qa), f32(ka), f32(va))
-            la_got = jax.jit(la_fn("pallas"))(qa, ka, va)
-            c = {"gdn_o": rel_rms(got, ref), "linear_o": rel_rms(la_got, la_ref)}
-            for name, a_, r_ in zip(("gdn_dq", "gdn_dk", "gdn_dv"), ggot, gref):
-                c[name] = rel_rms(a_, r_)
-            checks[f"{b}x{t}"] = c
-            print(f"# rel RMS error bf16 pallas vs f32 chunk {b}x{t}: "
-                  + ", ".join(f"{n} {x:.2e}" for n, x in c.items()), flush=True)
-        if "chunk" not in skip and b * t <= 16384:
-            attempt(f"accuracy {b}x{t}", acc)
-
     # decode: one token, B64 H16 D128, float32 state
     key = jax.random.PRNGKey(7)
     ks = jax.random.split(key, 6)
@@ -338,6 +300,69 @@ def main():
         s = attempt("fla decode", lambda: fla_decode(torch, fops))
         if s:
             record("gdn", "fla-fused-recurrent", "decode", DECODE_B, 1, s, dec_bytes)
+
+    for b, t in shapes:
+        n_tok = b * t * H * D
+        fwd_bytes = 4 * n_tok * 2            # q, k, v read, o written (bf16)
+        fb_bytes = 11 * n_tok * 2            # + do, q, k, v read; dq, dk, dv written
+        key = jax.random.PRNGKey(b * t)
+        q, k, v, g, beta = gdn_inputs(key, b, t)
+        qa, ka, va = la_inputs(jax.random.fold_in(key, 1), b, t)
+        do = jax.random.normal(jax.random.fold_in(key, 2), v.shape, jnp.float32).astype(v.dtype)
+        for impl in ("pallas", "pallas-xlaprep", "chunk"):
+            if impl in skip or (impl == "chunk" and (b, t) not in chunk_shapes):
+                continue
+            if impl == "pallas-xlaprep" and not args.xlaprep:
+                continue
+            attempt(f"gdn {impl} fwd {b}x{t}", lambda: record(
+                "gdn", impl, "fwd", b, t, time_jax(jax.jit(gdn_fn(impl)), q, k, v, g, beta),
+                fwd_bytes))
+            attempt(f"gdn {impl} fwd+bwd {b}x{t}", lambda: record(
+                "gdn", impl, "fwd+bwd", b, t,
+                time_jax(fwd_bwd(gdn_fn(impl), 5), q, k, v, g, beta, do), fb_bytes))
+            if impl == "pallas-xlaprep":
+                if b * t == 16384 and t == 8192:
+                    attempt("breakdown", lambda: breakdown(q, k, v, g, beta))
+                continue
+            attempt(f"linear {impl} fwd {b}x{t}", lambda: record(
+                "linear", impl, "fwd", b, t, time_jax(jax.jit(la_fn(impl)), qa, ka, va),
+                fwd_bytes))
+            attempt(f"linear {impl} fwd+bwd {b}x{t}", lambda: record(
+                "linear", impl, "fwd+bwd", b, t,
+                time_jax(fwd_bwd(la_fn(impl), 3), qa, ka, va, do), fb_bytes))
+        if b * H < 64 and "bv64" not in skip:   # where the adaptive split differs
+            attempt(f"gdn pallas-bv64 fwd {b}x{t}", lambda: record(
+                "gdn", "pallas-bv64", "fwd", b, t,
+                time_jax(jax.jit(gdn_fn("pallas-bv64")), q, k, v, g, beta), fwd_bytes))
+        if "cudnn" not in skip:
+            attempt(f"cudnn fwd {b}x{t}", lambda: record(
+                "softmax", "cudnn", "fwd", b, t, time_jax(jax.jit(cudnn_fn), q, k, v),
+                fwd_bytes))
+            attempt(f"cudnn fwd+bwd {b}x{t}", lambda: record(
+                "softmax", "cudnn", "fwd+bwd", b, t,
+                time_jax(fwd_bwd(cudnn_fn, 3), q, k, v, do), fb_bytes))
+        if fops is not None:
+            res = attempt(f"fla {b}x{t}", lambda: fla_rows(torch, fops, b, t))
+            for op, s in (res or {}).items():
+                record(op, "fla", "fwd", b, t, s, fwd_bytes)
+
+        # accuracy: bf16 Pallas against the float32 chunk form on the same inputs
+        def acc():
+            f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
+            ref = jax.jit(gdn_fn("chunk"))(f32(q), f32(k), f32(v), g, beta)
+            got = jax.jit(gdn_fn("pallas"))(q, k, v, g, beta)
+            gref = fwd_bwd(gdn_fn("chunk"), 3)(f32(q), f32(k), f32(v), g, beta, f32(do))
+            ggot = fwd_bwd(gdn_fn("pallas"), 3)(q, k, v, g, beta, do)
+            la_ref = jax.jit(la_fn("chunk"))(f32(qa), f32(ka), f32(va))
+            la_got = jax.jit(la_fn("pallas"))(qa, ka, va)
+            c = {"gdn_o": rel_rms(got, ref), "linear_o": rel_rms(la_got, la_ref)}
+            for name, a_, r_ in zip(("gdn_dq", "gdn_dk", "gdn_dv"), ggot, gref):
+                c[name] = rel_rms(a_, r_)
+            checks[f"{b}x{t}"] = c
+            print(f"# rel RMS error bf16 pallas vs f32 chunk {b}x{t}: "
+                  + ", ".join(f"{n} {x:.2e}" for n, x in c.items()), flush=True)
+        if "chunk" not in skip and (b, t) in chunk_shapes and b * t <= 16384:
+            attempt(f"accuracy {b}x{t}", acc)
 
     # ratios to the anchors
     def anchor(rec):
@@ -386,7 +411,10 @@ def markdown(records, meta):
                      f"{r['ms']:.3f} | {tok:.1f} | {r['floor_ms']:.3f} | {ratio} |")
     lines += ["", "Peak memory of fwd+bwd (bytes in use at the peak, whole process):", ""]
     for op, p in meta["peak_memory"].items():
-        lines.append(f"- {op}: {p['peak_bytes'] / 2**30:.2f} GiB "
+        temp = p.get("compiled_temp_bytes")
+        lines.append(f"- {op}: process peak {p['peak_bytes'] / 2**30:.2f} GiB; the compiled "
+                     f"fwd+bwd program's temporaries "
+                     f"{'?' if temp is None else f'{temp / 2**30:.2f}'} GiB "
                      f"(inputs + cotangent {p['inputs_bytes'] / 2**30:.2f} GiB)")
     lines += ["", "Relative RMS error of the bf16 Pallas runs against the float32 chunk form:",
               ""]

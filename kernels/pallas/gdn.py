@@ -20,9 +20,31 @@ from kernels.pallas.intra import gdn_intra
 from kernels.pallas.recurrence import Config, block_v, chunk_recurrence
 
 
-def prep_xla(q, k, v, g, beta, chunk):
+@jax.custom_vjp
+def _known_inverse(a, x):
+    """x = (I + a)^-1, already computed (by the Pallas kernel); gives a its gradient."""
+    del a
+    return x
+
+
+def _known_inverse_fwd(a, x):
+    return x, x
+
+
+def _known_inverse_bwd(x, dx):
+    xt = jnp.swapaxes(x, -1, -2)
+    hp = jax.lax.Precision.HIGHEST
+    da = -jnp.einsum("...ij,...jk,...kl->...il", xt, dx, xt, precision=hp)
+    return da, jnp.zeros_like(x)
+
+
+_known_inverse.defvjp(_known_inverse_fwd, _known_inverse_bwd)
+
+
+def prep_xla(q, k, v, g, beta, chunk, inverse=None):
     """q, k, v (B,Tp,H,.) input dtype; g, beta (B,Tp,H) float32. Returns the recurrence
-    inputs (w, ut, qg, kd, p) as (B*H, Tp, .) in the input dtype and gcl (B*H, N, 1, 1)."""
+    inputs (w, ut, qg, kd, p) as (B*H, Tp, .) in the input dtype and gcl (B*H, N, 1, 1).
+    inverse: the float32 (I + A)^-1 per chunk as (B*H, Tp, C), when already known."""
     b, tp, h, kdim = q.shape
     c = chunk
     n = tp // c
@@ -36,8 +58,12 @@ def prep_xla(q, k, v, g, beta, chunk):
     a = jnp.where(strict, betac[..., :, None] * dmat * kk, 0.0)
     rhs = betac[..., None] * jnp.concatenate(
         [kc.astype(jnp.float32) * jnp.exp(big_g)[..., None], vc.astype(jnp.float32)], -1)
-    x = lax.linalg.triangular_solve(a + jnp.eye(c, dtype=jnp.float32), rhs, left_side=True,
-                                    lower=True, unit_diagonal=True)
+    if inverse is None:
+        x = lax.linalg.triangular_solve(a + jnp.eye(c, dtype=jnp.float32), rhs,
+                                        left_side=True, lower=True, unit_diagonal=True)
+    else:
+        inv = _known_inverse(a, inverse.reshape(b, h, n, c, c))
+        x = jnp.einsum("bhnts,bhnsd->bhntd", inv, rhs, precision=common.dot_precision(dtype))
     w, ut = x[..., :kdim], x[..., kdim:]
     return (*(prep.flat(t.astype(dtype)) for t in (w, ut, qg, kd, p)),
             gcl.reshape(b * h, n, 1, 1))
@@ -47,16 +73,23 @@ def prep_xla(q, k, v, g, beta, chunk):
 def prep_pallas(q, k, v, g, beta, chunk):
     """prep_xla computed by the one-pass Pallas kernel; backward through prep_xla."""
     b, tp, h, _ = q.shape
+    return _prep_pallas_with_inverse(q, k, v, g, beta, chunk)[:-1]
+
+
+def _prep_pallas_with_inverse(q, k, v, g, beta, chunk):
+    b, tp, h, _ = q.shape
     big_g = jnp.cumsum(g.reshape(b, tp // chunk, chunk, h), axis=2).reshape(b, tp, h)
     return tuple(gdn_intra(q, k, v, big_g, beta, chunk=chunk))
 
 
 def _prep_fwd(q, k, v, g, beta, chunk):
-    return prep_pallas(q, k, v, g, beta, chunk), (q, k, v, g, beta)
+    *outs, inverse = _prep_pallas_with_inverse(q, k, v, g, beta, chunk)
+    return tuple(outs), (q, k, v, g, beta, inverse)
 
 
 def _prep_bwd(chunk, res, cts):
-    _, pull = jax.vjp(lambda *a: prep_xla(*a, chunk), *res)
+    *inputs, inverse = res
+    _, pull = jax.vjp(lambda *a: prep_xla(*a, chunk, inverse), *inputs)
     return pull(cts)
 
 
@@ -64,12 +97,14 @@ prep_pallas.defvjp(_prep_fwd, _prep_bwd)
 
 
 def gated_delta_rule(q, k, v, log_alpha, beta, *, initial_state=None, return_state=False,
-                     chunk_size=64, segment_ids=None, variant=None, fused_prep=None):
+                     chunk_size=64, segment_ids=None, variant=None, fused_prep=None,
+                     block_v_cols=None):
     """S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T ; o_t = S_t^T q_t.
 
     q, k: (B,T,H,K); v: (B,T,H,V); log_alpha, beta: (B,T,H). State (B,H,K,V) float32.
     Returns o (B,T,H,V) in the input dtype, or (o, state) with return_state=True.
     fused_prep: use the one-pass Pallas preparation (default: on the "gpu" variant).
+    block_v_cols: force the value columns per GPU program (tuning; default adaptive).
     """
     op = "kernels.pallas.gated_delta_rule"
     if segment_ids is not None:
@@ -95,7 +130,7 @@ def gated_delta_rule(q, k, v, log_alpha, beta, *, initial_state=None, return_sta
     s0 = (jnp.zeros((b, h, kdim, vdim), jnp.float32) if initial_state is None
           else jnp.asarray(initial_state, jnp.float32))
     cfg = Config(chunk=c, variant=variant, out_dtype=jnp.dtype(dtype).name,
-                 block_v=block_v(kdim, vdim, variant))
+                 block_v=block_v(kdim, vdim, variant, b * h, block_v_cols))
     o, st = chunk_recurrence(*parts, s0.reshape(b * h, kdim, vdim), cfg)
     o = common.from_chunk_major(o, b, h)[:, :t]
     st = st.reshape(b, h, kdim, vdim)

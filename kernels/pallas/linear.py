@@ -55,8 +55,15 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None,
     n = -(-t // c)
     tp = n * c
     q, k, v = (common.pad_time(x.astype(dtype), tp) for x in (q, k, v))
+    qc, kc, vc = (prep.chunked(x, b, h, n, c) for x in (q, k, v))
     if log_decay is None:
-        g = jnp.zeros((b, tp, h), jnp.float32)
+        # No decay: G = 0. Spelled out rather than computed from zeros, which XLA would
+        # constant-fold at great compile-time cost for long sequences.
+        f32 = jnp.float32
+        mask = jnp.tril(jnp.ones((c, c), f32))
+        qg, kd = qc.astype(f32), kc.astype(f32)
+        p = prep.einsum("bhntd,bhnsd->bhnts", qc, kc, dtype=dtype) * mask
+        gcl = jnp.zeros((b, h, n), f32)
     else:
         g = jnp.asarray(log_decay, jnp.float32)
         if g.shape == (h,):
@@ -65,10 +72,8 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None,
             raise ValueError(f"{op}: log_decay must be (heads,) or (batch, time, heads) = "
                              f"{(b, t, h)}, got {g.shape}")
         g = common.pad_time(g, tp)
-
-    qc, kc, vc = (prep.chunked(x, b, h, n, c) for x in (q, k, v))
-    big_g, dmat, _ = prep.decay_terms(prep.chunked(g, b, h, n, c))
-    qg, kd, p, gcl = prep.intra_chunk(qc, kc, big_g, dmat, dtype)
+        big_g, dmat, _ = prep.decay_terms(prep.chunked(g, b, h, n, c))
+        qg, kd, p, gcl = prep.intra_chunk(qc, kc, big_g, dmat, dtype)
 
     if normalize:
         if initial_state is None:
@@ -83,7 +88,7 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None,
 
     out_dtype = jnp.float32 if normalize else dtype
     cfg = Config(chunk=c, variant=variant, out_dtype=jnp.dtype(out_dtype).name,
-                 block_v=block_v(f, dv, variant))
+                 block_v=block_v(f, dv, variant, b * h))
     o, st = chunk_recurrence(
         None, prep.flat(vc), *(prep.flat(x.astype(dtype)) for x in (qg, kd, p)),
         gcl.reshape(b * h, n, 1, 1), s0.reshape(b * h, f, dv), cfg)

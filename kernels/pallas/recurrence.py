@@ -351,10 +351,16 @@ def _vjp_bwd(cfg, res, cts):
 chunk_recurrence.defvjp(_vjp_fwd, _vjp_bwd)
 
 
-def block_v(kdim: int, vdim: int, variant: str) -> int:
-    """Value columns per GPU program: the state slice (K x BV float32) stays in registers;
-    more programs for the sequential loop when V allows."""
+def block_v(kdim: int, vdim: int, variant: str, programs: int = 1 << 30,
+            force: int | None = None) -> int:
+    """Value columns per GPU program. The state slice (K x BV float32) stays in registers;
+    the sequential loop runs one program per (batch*head, value block), so with few heads
+    the value dim is split further to keep more of the chip's 132 SMs busy."""
     if variant != "gpu":
         return vdim
-    bv = 64 if kdim <= 128 else 32
-    return min(bv, vdim)
+    if force is not None:
+        return min(force, vdim)
+    bv = min(64 if kdim <= 128 else 32, vdim)
+    while bv > 32 and programs * (vdim // bv) < 128:
+        bv //= 2
+    return bv
