@@ -85,7 +85,10 @@ def favor_plus(x, omega, *, scale: float = 1.0, query: bool = False, eps: float 
     a bound that depends on omega only.
     """
     x = x.astype(jnp.float32) * scale
-    logits = jnp.einsum("...d,md->...m", x, omega.astype(jnp.float32))
+    # Full float32 precision: exp() turns a small error in the exponent (TF32 on GPU) into
+    # a relative error of the feature.
+    logits = jnp.einsum("...d,md->...m", x, omega.astype(jnp.float32),
+                        precision=jax.lax.Precision.HIGHEST)
     logits = logits - 0.5 * jnp.sum(x * x, axis=-1, keepdims=True)
     if query:
         logits = logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
