@@ -145,47 +145,33 @@ def load_for_eval(workdir: str | os.PathLike, step: int | None = None):
   Reads WORKDIR/config.json, builds the dataset and model as training did, and restores
   the parameters of the newest complete checkpoint (or `step`) onto one device.
   """
-  from training import builders
+  from flax import nnx
+
+  from training import builders, model_state
 
   config = config_tools.load_config(workdir)
   dataset = builders.build_dataset(config)
   model_cfg = builders.build_model_config(config, dataset)
-  make_model = builders.model_factory(model_cfg, config.train.seed)
+  with nnx.use_eager_sharding(False):
+    model = builders.model_factory(model_cfg, config.train.seed)()
+  params_state = nnx.state(model, nnx.Param)
+  names = {model_state.path_name(p): p for p, _ in params_state.flat_state()}
+  current = model_state.flat_params(params_state)
 
-  from training import model_state
-  graphdef, param_template, _, names, _, shapes = model_state.describe(make_model)
   ckpt = Checkpointer(workdir, async_save=False)
   try:
     step = ckpt.latest_step() if step is None else step
     if step is None:
       raise FileNotFoundError(f"no complete checkpoint in {ckpt.directory}: train first "
                               f"(python train.py --config=... --workdir={workdir})")
-    ckpt.check_compatible(step, shapes, config.model.to_dict())
+    ckpt.check_compatible(step, {k: v.shape for k, v in current.items()},
+                          config.model.to_dict())
     device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-    abstract = {k: jax.ShapeDtypeStruct(shapes[k], param_template_dtype(param_template, names[k]),
-                                        sharding=device) for k in shapes}
+    abstract = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=device)
+                for k, v in current.items()}
     params, _, _ = ckpt.restore(step, abstract)
   finally:
     ckpt.close()
-  with _no_eager_sharding():
-    model = make_model()
-  _, _, rest = _split(model)
-  parts = model_state.ModelParts(graphdef, param_template, rest, names, {}, shapes)
-  return parts.merge(params), config, dataset, int(step)
-
-
-def param_template_dtype(template, path):
-  node = template
-  for p in path:
-    node = node[p]
-  return node.value.dtype
-
-
-def _no_eager_sharding():
-  from flax import nnx
-  return nnx.use_eager_sharding(False)
-
-
-def _split(model):
-  from flax import nnx
-  return nnx.split(model, nnx.Param, ...)
+  nnx.update(model, nnx.State.from_flat_path(
+      [(path, params[name]) for name, path in names.items()]))
+  return model, config, dataset, int(step)

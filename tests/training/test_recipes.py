@@ -3,6 +3,7 @@
     python -m pytest -q -m slow tests/training/test_recipes.py
 """
 import re
+import sys
 
 import pytest
 
@@ -24,7 +25,7 @@ def final_line(args, timeout):
 @pytest.mark.parametrize("mixer", ["softmax", "gated_deltanet"])
 def test_mqar_main_job_reaches_95_percent(tmp_path, mixer):
   step, _, accuracy = final_line(
-      ["python", str(ROOT / "train.py"), "--config=configs/mqar.py", f"--workdir={tmp_path}",
+      [sys.executable, str(ROOT / "train.py"), "--config=configs/mqar.py", f"--workdir={tmp_path}",
        f"--config.model.mixer={mixer}", "--config.logging.wandb=disabled"], timeout=3600)
   assert accuracy >= 0.95, (mixer, step, accuracy)
 
@@ -34,7 +35,7 @@ def test_shakespeare_char_cpu_recipe_reaches_nanogpt_val_loss(tmp_path):
   if not SHAKESPEARE.exists():
     pytest.skip(f"{SHAKESPEARE} not present")
   _, val_loss, _ = final_line(
-      ["python", str(ROOT / "train.py"), "--config=configs/shakespeare_char.py",
+      [sys.executable, str(ROOT / "train.py"), "--config=configs/shakespeare_char.py",
        f"--workdir={tmp_path}", f"--config.data.files={SHAKESPEARE}",
        "--config.logging.wandb=disabled"], timeout=3600)
   assert val_loss <= 1.90
