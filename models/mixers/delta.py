@@ -10,6 +10,8 @@ Gated DeltaNet (Yang, Kautz & Hatamizadeh, ICLR 2025; fla's `GatedDeltaNet` laye
 DeltaNet (Schlag et al. 2021; Yang et al. 2024; fla's `DeltaNet`) is the same with no
 decay (log a = 0) and a plain RMSNorm on the output, no gate.
 Decode state: S (B, H, K, V) float32 plus the last conv_size-1 inputs of each conv.
+Here K = V = head_dim (fla's layer widens v by expand_v=2 by default; keeping them equal
+makes the state H * d * d, comparable with the other mixers at the same width).
 """
 from __future__ import annotations
 

@@ -3,7 +3,6 @@
 phi(k), v, with state S (B, H, F, Dv) and, when normalised, z (B, H, F)."""
 from __future__ import annotations
 
-import jax.numpy as jnp
 from flax import nnx
 
 from kernels import ops

@@ -8,6 +8,7 @@ impl="recurrent" on one token, starting from the state the previous step returne
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
@@ -73,7 +74,6 @@ class RecurrentMixer(nnx.Module):
 
     def state_size(self) -> int:
         """Numbers held per sequence while decoding (counted from the state's shapes)."""
-        import jax
         leaves = jax.tree.leaves(jax.eval_shape(lambda: self.init_state(1)))
         return int(sum(leaf.size for leaf in leaves))
 

@@ -7,7 +7,6 @@ import pytest
 from flax import nnx
 
 from models import MIXERS, get_mixer
-from models import feature_maps as fm
 from tests.models import reference
 from tests.models.helpers import Functional, close, tiny_config
 
