@@ -12,7 +12,7 @@ from typing import Any, Mapping
 
 DTYPES = ("float32", "bfloat16", "float16")
 IMPLS = ("auto", "parallel", "recurrent", "chunk", "pallas")
-FEATURE_MAPS = ("elu", "relu", "identity")
+FEATURE_MAPS = ("elu", "relu", "identity", "dpfp")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +34,7 @@ class ModelConfig:
     dropout: float = 0.0
     # Mixer-specific.
     window: int = 64               # sliding window (sliding_window, based)
-    feature_map: str = "elu"       # `linear`: elu, relu, identity
+    feature_map: str = "elu"       # `linear`: elu, relu, identity, dpfp (2 d features)
     based_feature_dim: int = 16    # Based: q, k projected to this many dims per head
     num_random_features: int = 256  # performer
     conv_size: int = 4             # short causal conv (deltanet, gated_deltanet)

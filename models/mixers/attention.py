@@ -75,8 +75,12 @@ class SoftmaxAttention(_Attention):
         return y, state
 
     def step(self, x_t, state):
-        """One token at position state["pos"] (must stay below the cache length)."""
+        """One token at position state["pos"], which must stay below the cache length (checked
+        when pos is concrete; under jit a full cache would silently overwrite its last slot)."""
         pos = state["pos"]
+        if not isinstance(pos, jax.core.Tracer) and int(pos) >= state["k"].shape[1]:
+            raise ValueError(f"KV cache full: position {int(pos)} of a cache of "
+                             f"{state['k'].shape[1]}; pass a larger max_len to init_cache")
         q, k, v = self._qkv(x_t[:, None], jnp.full((1, 1), pos, jnp.int32))
         kc = jax.lax.dynamic_update_slice_in_dim(state["k"], k.astype(state["k"].dtype), pos, 1)
         vc = jax.lax.dynamic_update_slice_in_dim(state["v"], v.astype(state["v"].dtype), pos, 1)

@@ -62,16 +62,17 @@ class _FeatureMapAttention(RecurrentMixer):
 
 @register("linear")
 class LinearAttention(_FeatureMapAttention):
-    """Katharopoulos et al. (2020) with phi = cfg.feature_map (elu, relu, identity).
+    """Katharopoulos et al. (2020) with phi = cfg.feature_map (elu, relu, identity, dpfp).
 
-    elu+1 and relu are normalised by the usual denominator. identity has negative
+    elu+1, relu and DPFP (Schlag et al. 2021, nu = 1: 2 d sparse features) are normalised
+    by the usual denominator. identity has negative
     features, so a denominator could cross zero (seed 000's warning): it runs without one
     and normalises the output per head with an RMSNorm instead (TransNormer, RetNet).
     """
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         super().__init__(cfg, rngs=rngs)
-        self.phi = fm.SIMPLE_MAPS[cfg.feature_map]
+        self.phi = fm.dpfp if cfg.feature_map == "dpfp" else fm.SIMPLE_MAPS[cfg.feature_map]
         self.normalize = cfg.feature_map != "identity"
         if not self.normalize:
             dtype, param_dtype = dtypes(cfg)
@@ -80,7 +81,7 @@ class LinearAttention(_FeatureMapAttention):
                                       rngs=rngs)
 
     def feature_dim(self) -> int:
-        return self.head_dim
+        return 2 * self.head_dim if self.cfg.feature_map == "dpfp" else self.head_dim
 
     def _phi(self, x, *, query: bool):
         return self.phi(x)

@@ -132,9 +132,11 @@ def test_state_size_gqa_and_identity_map():
     cfg = tiny_config(feature_map="identity")
     # No denominator with the identity map: S only.
     assert get_mixer("linear")(cfg, rngs=nnx.Rngs(0)).state_size() == 2 * 16 * 16
+    cfg = tiny_config(feature_map="dpfp")  # F = 2 d
+    assert get_mixer("linear")(cfg, rngs=nnx.Rngs(0)).state_size() == 2 * (32 * 16 + 32)
 
 
-@pytest.mark.parametrize("feature_map", ["relu", "identity"])
+@pytest.mark.parametrize("feature_map", ["relu", "identity", "dpfp"])
 def test_linear_feature_maps_decode(feature_map):
     cfg, f = build("linear", feature_map=feature_map)
     x = inputs(cfg)
@@ -185,3 +187,14 @@ def test_layer_matches_float64_reference(name, ref):
         w[...] = w[...] + 0.3 * jax.random.normal(jax.random.key(5), w[...].shape)
         f = Functional(f.module)
     np.testing.assert_allclose(f(x), ref(f.module, x), rtol=2e-4, atol=2e-5)
+
+
+def test_full_kv_cache_raises_eagerly():
+    cfg, f = build("softmax")
+    m = f.module
+    state = m.init_state(1, 2)
+    x = inputs(cfg, batch=1, seq=3)
+    _, state = m.step(x[:, 0], state)
+    _, state = m.step(x[:, 1], state)
+    with pytest.raises(ValueError, match="KV cache full.*max_len"):
+        m.step(x[:, 2], state)
