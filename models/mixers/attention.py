@@ -41,6 +41,14 @@ class _Attention(nnx.Module):
         b, t = o.shape[:2]
         return self.o_proj(o.reshape(b, t, self.num_heads * self.head_dim))
 
+    @staticmethod
+    def _check_fresh(state):
+        """prefill runs a prompt from position 0 (RoPE angles and cache slots start there)."""
+        pos = state["pos"]
+        if not isinstance(pos, jax.core.Tracer) and int(pos) != 0:
+            raise ValueError(f"prefill needs a fresh cache (at position {int(pos)}); continue "
+                             f"a started sequence with step/decode_step")
+
     def _cache(self, batch: int, length: int):
         dtype = jnp.dtype(self.cfg.dtype)
         shape = (batch, length, self.kv_heads, self.head_dim)
@@ -63,6 +71,7 @@ class SoftmaxAttention(_Attention):
         return self._cache(batch, max_len)
 
     def prefill(self, x, state):
+        self._check_fresh(state)
         t = x.shape[1]
         if t > state["k"].shape[1]:
             raise ValueError(f"prefill of {t} tokens does not fit a KV cache of "
@@ -111,6 +120,7 @@ class SlidingWindowAttention(_Attention):
         return self._cache(batch, self.window)  # never more than the window
 
     def prefill(self, x, state):
+        self._check_fresh(state)
         t, w = x.shape[1], self.window
         q, k, v = self._qkv(x, segment_positions(None, t))
         y = self._out(ops.sliding_window_attention(q, k, v, window=w))
