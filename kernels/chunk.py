@@ -5,18 +5,26 @@ L[t, s] = sum of log-decays in (s, t] and G_t = sum up to t,
 
   linear attention:  O = (Q * e^G) S_0 + ((Q K^T) * e^L) V
                      S_C = e^{G_C} S_0 + (K * e^{G_C - G})^T V
-  gated delta rule:  (I + A) U = diag(beta) (V - (K * e^G) S_0),
-                     A[t, s] = beta_t e^{L[t,s]} k_t.k_s  (s < t)
+  gated delta rule:  (I + A) [U~, W] = diag(beta) [V, K * e^G],
+                     A[t, s] = beta_t e^{L[t,s]} k_t.k_s  (s < t),   U = U~ - W S_0
                      O = (Q * e^G) S_0 + ((Q K^T) * e^L) U,  S_C as above with U for V.
+
+Three phases, so that only the small state recurrence runs sequentially:
+  1. prepare (all chunks at once): decay factors, and for the delta rule the UT transform
+     (a triangular solve per chunk) giving U~ and W;
+  2. a lax.scan over chunks carrying the float32 state S (C x F x Dv work per step),
+     emitting the state entering each chunk (and U for the delta rule);
+  3. outputs (all chunks at once) from those states.
+Phases 1 and 3 are wrapped in jax.checkpoint: the backward pass keeps their inputs and the
+chunk-boundary states, never a per-token state or the C x C decay/score matrices, and
+recomputes the rest chunk-parallel.
 
 Segments: a "run" index per token (kernels.common.run_ids). Pairs (t, s) in different runs
 are masked out of L; S_0 reaches only tokens still in the run that was open before the
 chunk; S_C keeps S_0 only if the chunk's last token is still in that run.
 
-`*_chunk_body` handles one chunk for all (batch, head) at once; the "parallel" forms call it
-once on the whole sequence (C = T), the "chunk" forms scan it over chunks with
-`jax.checkpoint`, so the backward pass stores only the states at chunk boundaries.
-All arrays here are head-major, (B, H, C, dim), float32.
+Arrays here are head-major and chunked, (B, H, N, C, dim), in the compute dtype (float32).
+The "parallel" forms are the same code with one chunk holding the whole sequence.
 """
 from __future__ import annotations
 
@@ -26,133 +34,175 @@ import jax.numpy as jnp
 from kernels.common import einsum, masked_exp, segsum, suffix_sum_exclusive
 
 
-def _masks(run, prev_run, g):
-    """Masks and log-decay sums for one chunk.
+# ----------------------------------------------------------------------------- geometry
 
-    run: (B, C) run index per token; prev_run: (B,) run open before the chunk.
-    Returns same-run causal mask (B,1,C,C) incl. diagonal, the decay matrix exp(L) masked,
-    the S_0 weights exp(G_t) (B,H,C), the S_C weights for the keys (B,H,C) and exp(G_C) (B,H).
+def _decay_terms(g, run, prev_run):
+    """Decay factors of every chunk.
+
+    g: (B,H,N,C) log-decays; run: (B,N,C) run index; prev_run: (B,N) run open before the
+    chunk. Returns
+      decay (B,H,N,C,C): e^{L[t,s]} on same-run pairs s <= t, else 0;
+      gamma (B,H,N,C): e^{G_t} for tokens still in S_0's run, else 0 (weight of S_0);
+      key_weight (B,H,N,C): e^{G_C - G_s} for tokens in the chunk's last run, else 0;
+      gamma_end (B,H,N): e^{G_C} if the last token is still in S_0's run, else 0.
     """
     c = run.shape[-1]
     causal = jnp.tril(jnp.ones((c, c), bool))
-    same = (run[:, :, None] == run[:, None, :]) & causal  # (B, C, C)
-    same = same[:, None]  # broadcast over heads
-    decay = masked_exp(same, segsum(g))  # (B,H,C,C), exp(L) on same-run causal pairs
+    same = (run[..., :, None] == run[..., None, :]) & causal  # (B,N,C,C)
+    decay = masked_exp(same[:, None], segsum(g))
 
-    from_state = (run == prev_run[:, None])[:, None, :]  # (B,1,C): token still in S_0's run
+    from_state = (run == prev_run[..., None])[:, None]  # (B,1,N,C)
     g_incl = jnp.cumsum(g, axis=-1)
-    gamma = masked_exp(from_state, g_incl)  # (B,H,C)
-
-    in_last = (run == run[:, -1:])[:, None, :]  # (B,1,C): token in the run open at the end
-    key_weight = masked_exp(in_last, suffix_sum_exclusive(g))  # exp(G_C - G_s)
-    gamma_end = masked_exp(from_state[..., -1], g_incl[..., -1])  # (B,H)
-    return same, decay, gamma, key_weight, gamma_end
-
-
-def linear_attention_chunk_body(state, prev_run, q, k, v, g, run):
-    """One chunk of decayed linear attention. state (B,H,F,Dv) -> (o (B,H,C,Dv), new state).
-
-    The normaliser is handled by the caller by appending a column of ones to v.
-    """
-    _, decay, gamma, key_weight, gamma_end = _masks(run, prev_run, g)
-    scores = einsum("bhtf,bhsf->bhts", q, k) * decay
-    o = einsum("bhtf,bhfd->bhtd", q * gamma[..., None], state)
-    o = o + einsum("bhts,bhsd->bhtd", scores, v)
-    new_state = gamma_end[..., None, None] * state + einsum(
-        "bhsf,bhsd->bhfd", k * key_weight[..., None], v)
-    return o, new_state
+    gamma = masked_exp(from_state, g_incl)
+    in_last = (run == run[..., -1:])[:, None]
+    key_weight = masked_exp(in_last, suffix_sum_exclusive(g))
+    gamma_end = masked_exp(from_state[..., -1], g_incl[..., -1])
+    return decay, gamma, key_weight, gamma_end
 
 
 def _solve_unit_lower(a, rhs):
-    """Solve (I + a) x = rhs, a strictly lower triangular (..., C, C), in float32.
-
-    Forward substitution (LAPACK/cuBLAS trsm); its transpose rule gives the backward pass.
-    """
+    """Solve (I + a) x = rhs for strictly lower triangular a (..., C, C), in float32:
+    forward substitution (LAPACK / cuBLAS trsm), whose transpose gives the backward."""
     eye = jnp.eye(a.shape[-1], dtype=a.dtype)
     return jax.scipy.linalg.solve_triangular(eye + a, rhs, lower=True, unit_diagonal=True)
 
 
-def gated_delta_chunk_body(state, prev_run, q, k, v, g, beta, run):
-    """One chunk of the gated delta rule via the WY / UT transform.
+# ----------------------------------------------------------------------------- phases
 
-    state (B,H,K,V) -> (o (B,H,C,V), new state).
-    """
-    same, decay, gamma, key_weight, gamma_end = _masks(run, prev_run, g)
+@jax.checkpoint
+def _linear_prepare(k, v, g, run, prev_run):
+    """Each chunk's own contribution to the state, (K * e^{G_C - G})^T V, and e^{G_C}."""
+    _, _, key_weight, gamma_end = _decay_terms(g, run, prev_run)
+    write = einsum("bhncf,bhncd->bhnfd", k * key_weight[..., None], v)
+    return write, gamma_end
+
+
+@jax.checkpoint
+def _delta_prepare(k, v, g, beta, run, prev_run):
+    """The UT transform of every chunk: U~ = T V, W = T (K * e^G), T = (I + A)^-1 diag(beta);
+    plus the key weights for the state update."""
+    decay, gamma, key_weight, gamma_end = _decay_terms(g, run, prev_run)
     c = run.shape[-1]
     strict = jnp.tril(jnp.ones((c, c), bool), -1)
-    kk = einsum("bhtf,bhsf->bhts", k, k)
+    kk = einsum("bhntf,bhnsf->bhnts", k, k)
     a = jnp.where(strict, beta[..., :, None] * decay * kk, 0.0)
-    # T = (I + A)^-1 diag(beta): U~ = T V and W = T (K * gamma) in one solve.
     rhs = beta[..., None] * jnp.concatenate([v, k * gamma[..., None]], axis=-1)
     sol = _solve_unit_lower(a, rhs)
     dv = v.shape[-1]
-    u = sol[..., :dv] - einsum("bhtf,bhfd->bhtd", sol[..., dv:], state)
-
-    scores = einsum("bhtf,bhsf->bhts", q, k) * decay
-    o = einsum("bhtf,bhfd->bhtd", q * gamma[..., None], state)
-    o = o + einsum("bhts,bhsd->bhtd", scores, u)
-    new_state = gamma_end[..., None, None] * state + einsum(
-        "bhsf,bhsd->bhfd", k * key_weight[..., None], u)
-    return o, new_state
+    return sol[..., :dv], sol[..., dv:], k * key_weight[..., None], gamma_end
 
 
-def _pad_time(x, pad, axis=2, mode="constant"):
-    if pad == 0:
-        return x
-    widths = [(0, 0)] * x.ndim
-    widths[axis] = (0, pad)
-    return jnp.pad(x, widths, mode=mode)
+@jax.checkpoint
+def _outputs(q, k, values, g, run, prev_run, states):
+    """O = (Q * e^G) S_0 + ((Q K^T) * e^L) values, for every chunk at once.
+
+    states: (B,H,N,F,Dv), the state entering each chunk."""
+    decay, gamma, _, _ = _decay_terms(g, run, prev_run)
+    scores = einsum("bhntf,bhnsf->bhnts", q, k) * decay
+    o = einsum("bhntf,bhnfd->bhntd", q * gamma[..., None], states)
+    return o + einsum("bhnts,bhnsd->bhntd", scores, values)
 
 
-def _scan_chunks(body, state, run, per_token, chunk_size):
-    """Run `body(state, prev_run, *per_token_chunk, run_chunk)` over chunks of the time axis.
+def _chunk_axis_first(x):
+    return jnp.moveaxis(x, 2, 0)  # (B,H,N,...) -> (N,B,H,...)
 
-    per_token: head-major arrays (B, H, T, ...). The tail is padded to a whole chunk with
-    tokens that change nothing: zero keys/values/beta, log-decay 0, and the last run index
-    (so the final state is the state after the last real token).
+
+def _chunk_axis_back(x):
+    return jnp.moveaxis(x, 0, 2)
+
+
+def _linear_states(state, write, gamma_end):
+    """S_{n+1} = e^{G_C} S_n + write_n. Returns (states entering each chunk, final)."""
+
+    @jax.checkpoint
+    def step(s, x):
+        w, ge = x
+        return ge[..., None, None] * s + w, s
+
+    final, states = jax.lax.scan(step, state, (_chunk_axis_first(write),
+                                               _chunk_axis_first(gamma_end)))
+    return _chunk_axis_back(states), final
+
+
+def _delta_states(state, u_tilde, w, weighted_k, gamma_end):
+    """U_n = U~_n - W_n S_n; S_{n+1} = e^{G_C} S_n + (K e^{G_C - G})^T U_n.
+
+    Returns (states entering each chunk, U, final state)."""
+
+    @jax.checkpoint
+    def step(s, x):
+        ut, w_n, kw, ge = x
+        u = ut - einsum("bhtf,bhfd->bhtd", w_n, s)
+        new = ge[..., None, None] * s + einsum("bhsf,bhsd->bhfd", kw, u)
+        return new, (s, u)
+
+    xs = tuple(_chunk_axis_first(x) for x in (u_tilde, w, weighted_k, gamma_end))
+    final, (states, u) = jax.lax.scan(step, state, xs)
+    return _chunk_axis_back(states), _chunk_axis_back(u), final
+
+
+# ----------------------------------------------------------------------------- layout
+
+def _to_chunks(per_token, run, chunk_size):
+    """Pad the time axis to whole chunks and split it: (B,H,T,...) -> (B,H,N,C,...).
+
+    Padding tokens change nothing: zero keys/values/beta, log-decay 0, and the last run
+    index, so the final state is the state after the last real token. Also returns the run
+    open before each chunk, (B,N): run 0 (the one an initial state belongs to) for chunk 0.
     """
     b, t = run.shape
     c = min(chunk_size, t)
     n = -(-t // c)
     pad = n * c - t
-    padded = [_pad_time(x, pad) for x in per_token]
-    run_p = _pad_time(run, pad, axis=1, mode="edge")
 
-    def split(x, axis):  # (..., n*c, ...) -> (n, ..., c, ...)
-        shape = x.shape[:axis] + (n, c) + x.shape[axis + 1:]
-        return jnp.moveaxis(x.reshape(shape), axis, 0)
+    def split(x, axis, mode="constant"):
+        if pad:
+            widths = [(0, 0)] * x.ndim
+            widths[axis] = (0, pad)
+            x = jnp.pad(x, widths, mode=mode)
+        return x.reshape(x.shape[:axis] + (n, c) + x.shape[axis + 1:])
 
-    xs = [split(x, 2) for x in padded] + [split(run_p, 1)]
+    chunks = [split(x, 2) for x in per_token]
+    run_c = split(run, 1, mode="edge")  # (B,N,C)
+    prev_run = jnp.concatenate([jnp.zeros((b, 1), run.dtype), run_c[:, :-1, -1]], axis=1)
+    return chunks, run_c, prev_run
 
-    @jax.checkpoint
-    def step(carry, chunk):
-        s, prev_run = carry
-        o, s = body(s, prev_run, *chunk)
-        return (s, chunk[-1][:, -1]), o
 
-    prev_run = jnp.zeros((b,), run.dtype)  # run 0 is the one an initial state belongs to
-    (state, _), o = jax.lax.scan(step, (state, prev_run), xs)
-    o = jnp.moveaxis(o, 0, 2)  # (B, H, n, c, D)
-    o = o.reshape(o.shape[:2] + (n * c,) + o.shape[4:])[:, :, :t]
-    return o, state
+def _from_chunks(o, t):
+    """(B,H,N,C,D) -> (B,H,T,D)."""
+    o = o.reshape(o.shape[:2] + (-1,) + o.shape[4:])
+    return o[:, :, :t]
 
+
+# ----------------------------------------------------------------------------- entry points
 
 def linear_attention_chunk(q, k, v, g, run, state, chunk_size):
-    """Head-major float32 inputs; returns (o (B,H,T,Dv), final state)."""
-    return _scan_chunks(linear_attention_chunk_body, state, run, [q, k, v, g], chunk_size)
+    """Head-major inputs (B,H,T,.), run (B,T), state (B,H,F,Dv).
+
+    Returns (o (B,H,T,Dv), final state). The normaliser is the caller's column of ones."""
+    t = q.shape[2]
+    (qc, kc, vc, gc), run_c, prev_run = _to_chunks([q, k, v, g], run, chunk_size)
+    write, gamma_end = _linear_prepare(kc, vc, gc, run_c, prev_run)
+    states, final = _linear_states(state, write, gamma_end)
+    o = _outputs(qc, kc, vc, gc, run_c, prev_run, states)
+    return _from_chunks(o, t), final
 
 
 def gated_delta_chunk(q, k, v, g, beta, run, state, chunk_size):
-    return _scan_chunks(gated_delta_chunk_body, state, run, [q, k, v, g, beta], chunk_size)
+    """Head-major inputs (B,H,T,.), g and beta (B,H,T), run (B,T), state (B,H,K,V)."""
+    t = q.shape[2]
+    (qc, kc, vc, gc, bc), run_c, prev_run = _to_chunks([q, k, v, g, beta], run, chunk_size)
+    u_tilde, w, weighted_k, gamma_end = _delta_prepare(kc, vc, gc, bc, run_c, prev_run)
+    states, u, final = _delta_states(state, u_tilde, w, weighted_k, gamma_end)
+    o = _outputs(qc, kc, u, gc, run_c, prev_run, states)
+    return _from_chunks(o, t), final
 
 
 def linear_attention_parallel(q, k, v, g, run, state):
-    """Masked quadratic form: the chunk body on the whole sequence as one chunk."""
-    prev_run = jnp.zeros((run.shape[0],), run.dtype)
-    return linear_attention_chunk_body(state, prev_run, q, k, v, g, run)
+    """Masked quadratic form: the whole sequence as one chunk (T x T decay matrix)."""
+    return linear_attention_chunk(q, k, v, g, run, state, q.shape[2])
 
 
 def gated_delta_parallel(q, k, v, g, beta, run, state):
     """Quadratic form: one T x T triangular solve for the whole sequence."""
-    prev_run = jnp.zeros((run.shape[0],), run.dtype)
-    return gated_delta_chunk_body(state, prev_run, q, k, v, g, beta, run)
+    return gated_delta_chunk(q, k, v, g, beta, run, state, q.shape[2])
