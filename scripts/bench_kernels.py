@@ -17,6 +17,7 @@ import datetime
 import json
 import os
 import pathlib
+import re
 import statistics
 import sys
 import time
@@ -187,6 +188,7 @@ def fla_decode(torch, fops):
 # ----------------------------------------------------------------------------- main
 
 def main():
+    global H, D
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parents[1] / "docs"))
     ap.add_argument("--shapes", default="8x2048,2x8192,1x32768")
@@ -198,7 +200,19 @@ def main():
     ap.add_argument("--budget-s", type=float, default=1e9,
                     help="skip the remaining timings after this many seconds (files are "
                          "still written)")
+    ap.add_argument("--heads", type=int, default=H, help="heads (16; smaller for smoke tests)")
+    ap.add_argument("--dim", type=int, default=D, help="head dim (128)")
+    ap.add_argument("--from-log", nargs="+", metavar="LOG[@COMMIT]",
+                    help="rebuild the outputs from the printed logs of earlier runs (one "
+                         "run each; ratios only within a run) instead of measuring")
     args = ap.parse_args()
+    H, D = args.heads, args.dim
+    if args.from_log:
+        runs = [parse_log(*(spec.split("@", 1) + [None])[:2], run=i + 1)
+                for i, spec in enumerate(args.from_log)]
+        write_outputs(pathlib.Path(args.out), runs)
+        print(markdown(runs))
+        return
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     skip = set(filter(None, args.skip.split(",")))
     chunk_shapes = ({tuple(int(x) for x in s.split("x")) for s in args.chunk_shapes.split(",")}
@@ -208,6 +222,7 @@ def main():
     device = getattr(dev, "device_kind", str(dev))
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d")
     print(f"# device {device}, jax {jax.__version__}, {date}")
+    print("# command python scripts/bench_kernels.py " + " ".join(sys.argv[1:]))
     records, notes = [], []
 
     def record(op, impl, pss, b, t, seconds, floor_bytes, extra=None):
@@ -217,8 +232,18 @@ def main():
         if extra:
             rec.update(extra)
         records.append(rec)
+        flush()
         print(f"{op:8s} {impl:16s} {pss:8s} B{b:<2d} T{t:<6d} {seconds * 1e3:9.3f} ms "
               f"{b * t / seconds / 1e6:9.2f} Mtok/s  floor {rec['floor_ms']:.3f} ms", flush=True)
+
+    run_meta = {"run": 1, "commit": git_commit(), "copy_bandwidth_TBps": None,
+                "peak_memory": {}, "accuracy_rel_rms": {}, "failures": notes,
+                "command": "python scripts/bench_kernels.py " + " ".join(sys.argv[1:]),
+                "records": records}
+
+    def flush():
+        """Write the outputs after every row, so a job cut short still leaves its data."""
+        write_outputs(pathlib.Path(args.out), [run_meta])
 
     def attempt(label, fn):
         if time.perf_counter() - start > args.budget_s:
@@ -235,7 +260,7 @@ def main():
 
     # peak memory first, while nothing else is allocated
     bmax, tmax = max(shapes, key=lambda s: s[1])
-    peaks = {}
+    peaks = run_meta["peak_memory"]
     for op in ("gdn", "linear"):
         def peak(op=op):
             key = jax.random.PRNGKey(0)
@@ -262,10 +287,11 @@ def main():
         attempt(f"peak {op}", peak)
 
     bw = copy_bandwidth()
+    run_meta["copy_bandwidth_TBps"] = round(bw / 1e12, 3)
     print(f"# copy bandwidth {bw / 1e12:.2f} TB/s (read + write)")
     torch, fops = (None, None) if "fla" in skip else fla_module()
 
-    checks = {}
+    checks = run_meta["accuracy_rel_rms"]
     # decode: one token, B64 H16 D128, float32 state
     key = jax.random.PRNGKey(7)
     ks = jax.random.split(key, 6)
@@ -364,65 +390,125 @@ def main():
         if "chunk" not in skip and (b, t) in chunk_shapes and b * t <= 16384:
             attempt(f"accuracy {b}x{t}", acc)
 
-    # ratios to the anchors
-    def anchor(rec):
-        if rec["pass"] == "fwd":
-            want = ("fla", rec["op"])
-        elif rec["pass"] == "fwd+bwd":
-            want = ("cudnn", "softmax")
-        else:
-            want = ("fla-fused-recurrent", "gdn")
-        for r in records:
-            if (r["impl"], r["op"], r["pass"], r["B"], r["T"]) == (want[0], want[1],
-                                                                    rec["pass"], rec["B"],
-                                                                    rec["T"]):
-                return r["ms"]
+    write_outputs(pathlib.Path(args.out), [run_meta])
+    print(markdown([run_meta]))
+
+
+def git_commit():
+    try:
+        import subprocess
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, cwd=pathlib.Path(__file__).parent).stdout.strip()
+    except Exception:  # noqa: BLE001
         return None
-    for r in records:
-        a = anchor(r)
-        r["ratio_to_anchor"] = round(r["ms"] / a, 3) if a else None
 
-    out = pathlib.Path(args.out)
+
+def add_ratios(records):
+    """ratio_to_anchor: fla forward for "fwd", cuDNN for "fwd+bwd", fla fused recurrent for
+    "decode", taken from the same run only."""
+    for rec in records:
+        want = {"fwd": ("fla", rec["op"]), "fwd+bwd": ("cudnn", "softmax"),
+                "decode": ("fla-fused-recurrent", "gdn")}[rec["pass"]]
+        ref = [r["ms"] for r in records
+               if (r["impl"], r["op"], r["pass"], r["B"], r["T"])
+               == (*want, rec["pass"], rec["B"], rec["T"])]
+        rec["ratio_to_anchor"] = round(rec["ms"] / ref[0], 3) if ref else None
+
+
+def write_outputs(out, runs):
     out.mkdir(parents=True, exist_ok=True)
-    meta = {"copy_bandwidth_TBps": round(bw / 1e12, 3), "peak_memory": peaks,
-            "accuracy_rel_rms": checks, "failures": notes,
-            "command": "python scripts/bench_kernels.py " + " ".join(sys.argv[1:])}
+    records = []
+    for meta in runs:
+        add_ratios(meta["records"])
+        for r in meta["records"]:
+            records.append({**r, "run": meta["run"], "commit": meta["commit"]})
     (out / "benchmarks.json").write_text(json.dumps(records, indent=1) + "\n")
-    (out / "benchmarks_meta.json").write_text(json.dumps(meta, indent=1) + "\n")
-    (out / "benchmarks.md").write_text(markdown(records, meta))
-    print(markdown(records, meta))
+    (out / "benchmarks.md").write_text(markdown(runs))
 
 
-def markdown(records, meta):
+ROW = re.compile(r"^(\w+)\s+(\S+)\s+(fwd\+bwd|fwd|decode)\s+B(\d+)\s+T(\d+)\s+([\d.]+) ms"
+                 r".*floor ([\d.]+) ms")
+
+
+def parse_log(path, commit=None, run=None):
+    """One run's printed output -> the run's meta and records (what a live run writes)."""
+    text = pathlib.Path(path).read_text()
+    device = jax_version = date = None
+    meta = {"run": run, "commit": commit, "copy_bandwidth_TBps": None, "peak_memory": {},
+            "accuracy_rel_rms": {}, "failures": [], "records": [],
+            "command": f"python scripts/bench_kernels.py (log {pathlib.Path(path).name})"}
+    for line in text.splitlines():
+        if m := re.match(r"# device (.*), jax (\S+), (\S+)", line):
+            device, jax_version, date = m.groups()
+        elif m := re.match(r"# command (.*)", line):
+            meta["command"] = m.group(1)
+        elif m := re.match(r"# copy bandwidth ([\d.]+) TB/s", line):
+            meta["copy_bandwidth_TBps"] = float(m.group(1))
+        elif m := re.match(r"# peak memory (\w+) fwd\+bwd B\d+ T\d+: (?:process peak )?"
+                           r"([\d.]+) GiB(?:, program temporaries ([\d.]+) GiB)?"
+                           r" \(inputs ([\d.]+) GiB\)", line):
+            op, peak, temp, inputs = m.groups()
+            meta["peak_memory"][op] = {
+                "peak_bytes": float(peak) * 2**30, "inputs_bytes": float(inputs) * 2**30,
+                "compiled_temp_bytes": None if temp is None else float(temp) * 2**30}
+        elif m := re.match(r"# rel RMS error bf16 pallas vs f32 chunk (\S+): (.*)", line):
+            meta["accuracy_rel_rms"][m.group(1)] = {
+                name: float(val) for name, val in
+                (item.split() for item in m.group(2).split(", "))}
+        elif m := re.match(r"# decode pallas vs xla: (\{.*\})", line):
+            import ast
+            meta["accuracy_rel_rms"]["decode_pallas_vs_xla"] = ast.literal_eval(m.group(1))
+        elif m := re.match(r"# FAILED (.*)", line):
+            meta["failures"].append(m.group(1))
+        elif m := ROW.match(line):
+            op, impl, pss, b, t, ms, floor = m.groups()
+            meta["records"].append({"op": op, "impl": impl, "pass": pss, "B": int(b),
+                                    "T": int(t), "H": H, "D": D, "ms": float(ms),
+                                    "device": device, "jax": jax_version, "date": date,
+                                    "floor_ms": float(floor)})
+    return meta
+
+
+def markdown(runs):
+    """One table per run (ratios are only taken within a run: the machines are shared and
+    noisy, so anchors are re-measured side by side)."""
     lines = ["# Kernel benchmarks", "",
-             f"Made by `{meta['command']}` (scripts/bench_kernels.py); "
-             f"{records[0]['device'] if records else '?'}, jax "
-             f"{records[0]['jax'] if records else '?'}, {records[0]['date'] if records else ''}."
-             " bf16 inputs, float32 state, H16 D128, chunk 64; median ms.",
-             "Anchor: fla forward for `fwd`, cuDNN flash attention for `fwd+bwd`, fla fused "
-             "recurrent for `decode`. Floor: bytes read + written over the copy bandwidth "
-             f"measured in the same job ({meta['copy_bandwidth_TBps']} TB/s).", "",
-             "| op | impl | pass | B | T | ms | Mtok/s | floor ms | x anchor |",
-             "|---|---|---|---|---|---|---|---|---|"]
-    for r in sorted(records, key=lambda r: (r["pass"], r["T"], r["op"], r["impl"])):
-        tok = r["B"] * r["T"] / (r["ms"] / 1e3) / 1e6
-        ratio = "" if r.get("ratio_to_anchor") is None else f"{r['ratio_to_anchor']:.2f}"
-        lines.append(f"| {r['op']} | {r['impl']} | {r['pass']} | {r['B']} | {r['T']} | "
-                     f"{r['ms']:.3f} | {tok:.1f} | {r['floor_ms']:.3f} | {ratio} |")
-    lines += ["", "Peak memory of fwd+bwd (bytes in use at the peak, whole process):", ""]
-    for op, p in meta["peak_memory"].items():
-        temp = p.get("compiled_temp_bytes")
-        lines.append(f"- {op}: process peak {p['peak_bytes'] / 2**30:.2f} GiB; the compiled "
-                     f"fwd+bwd program's temporaries "
-                     f"{'?' if temp is None else f'{temp / 2**30:.2f}'} GiB "
-                     f"(inputs + cotangent {p['inputs_bytes'] / 2**30:.2f} GiB)")
-    lines += ["", "Relative RMS error of the bf16 Pallas runs against the float32 chunk form:",
-              ""]
-    for shape, c in meta["accuracy_rel_rms"].items():
-        lines.append(f"- {shape}: " + ", ".join(f"{k} {v:.2e}" for k, v in
-                                                (c.items() if isinstance(c, dict) else [])))
-    if meta["failures"]:
-        lines += ["", "Rows that failed:", ""] + [f"- {f}" for f in meta["failures"]]
+             "Made by scripts/bench_kernels.py from docs/benchmarks.json. bf16 inputs, float32 "
+             "state, H16 D128, chunk 64; median ms of device-synchronised runs after warm-up.",
+             "Anchor (x anchor column): fla forward for `fwd`, cuDNN flash attention for "
+             "`fwd+bwd`, fla fused recurrent for `decode`, from the same run. Floor: bytes "
+             "read + written over the copy bandwidth measured in the same run.", ""]
+    for meta in runs:
+        recs = meta["records"]
+        head = recs[0] if recs else {}
+        lines += [f"## Run {meta['run']} (code {meta.get('commit') or '?'})", "",
+                  f"`{meta['command']}`; {head.get('device', '?')}, jax "
+                  f"{head.get('jax', '?')}, {head.get('date', '?')}; copy bandwidth "
+                  f"{meta['copy_bandwidth_TBps']} TB/s.", "",
+                  "| op | impl | pass | B | T | ms | Mtok/s | floor ms | x anchor |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for r in sorted(recs, key=lambda r: (r["pass"], r["T"], r["op"], r["impl"])):
+            tok = r["B"] * r["T"] / (r["ms"] / 1e3) / 1e6
+            ratio = "" if r.get("ratio_to_anchor") is None else f"{r['ratio_to_anchor']:.2f}"
+            lines.append(f"| {r['op']} | {r['impl']} | {r['pass']} | {r['B']} | {r['T']} | "
+                         f"{r['ms']:.3f} | {tok:.1f} | {r['floor_ms']:.3f} | {ratio} |")
+        if meta["peak_memory"]:
+            lines += ["", "Peak memory of fwd+bwd at the longest shape:", ""]
+            for op, p in meta["peak_memory"].items():
+                temp = p.get("compiled_temp_bytes")
+                lines.append(
+                    f"- {op}: process peak {p['peak_bytes'] / 2**30:.2f} GiB"
+                    + ("" if temp is None else
+                       f", the compiled fwd+bwd program's temporaries {temp / 2**30:.2f} GiB")
+                    + f" (inputs + cotangent {p['inputs_bytes'] / 2**30:.2f} GiB)")
+        if meta["accuracy_rel_rms"]:
+            lines += ["", "Relative RMS error, bf16 Pallas against the float32 form:", ""]
+            for shape, c in meta["accuracy_rel_rms"].items():
+                lines.append(f"- {shape}: " + ", ".join(f"{k} {v:.2e}" for k, v in c.items()))
+        if meta["failures"]:
+            lines += ["", "Rows that failed or were skipped:", ""]
+            lines += [f"- {f}" for f in meta["failures"]]
+        lines.append("")
     return "\n".join(lines) + "\n"
 
 
