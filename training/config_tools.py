@@ -179,8 +179,9 @@ def save_config(config, workdir: str | os.PathLike) -> None:
   tmp.write_text(json.dumps(to_plain(config), indent=2, sort_keys=True))
   os.replace(tmp, workdir / CONFIG_JSON)  # atomic: a reader never sees half a file
   try:
-    (workdir / CONFIG_YAML).write_text(config.to_yaml())
-  except Exception:  # yaml is a convenience copy; json is the source of truth
+    import yaml
+    (workdir / CONFIG_YAML).write_text(yaml.safe_dump(to_plain(config), sort_keys=True))
+  except Exception:  # yaml is a convenience copy for people; json is what code reads
     pass
 
 
