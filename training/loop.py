@@ -213,7 +213,11 @@ def train(config, workdir: str) -> dict[str, Any]:
                                  async_save=t_cfg.async_checkpoints)
   start = ckpt.latest_step()
   if start is not None:
-    ckpt.check_compatible(start, shapes, config.model.to_dict())
+    try:
+      ckpt.check_compatible(start, shapes, config.model.to_dict())
+    except Exception:
+      ckpt.close()
+      raise
   if is_main:
     config_tools.save_config(config, workdir)
 
