@@ -1,0 +1,20 @@
+"""Training: config checking, mesh and sharding, optimizer, checkpoints, metrics, the loop.
+
+    python train.py --config=configs/NAME.py --workdir=DIR [--config.KEY=VALUE ...]
+
+Modules (each with one job):
+  config_tools  load/check/save configs; unknown keys and wrong types named early
+  builders      config -> dataset -> ModelConfig -> model constructor
+  model_state   NNX model <-> flat {name: array} params; RNG streams keyed by (seed, step)
+  sharding      mesh ("data", "fsdp", "tensor"), logical-axis rules, global batches
+  optim         AdamW, warmup + cosine, clipping, weight-decay mask
+  checkpoint    orbax checkpoints (atomic, async, keep k) and load_for_eval(workdir)
+  metrics       metrics.jsonl and wandb (offline by default)
+  flops         FLOPs per token per mixer and MFU
+  loop          train(config, workdir): the jitted, donated, sharded train step and loop
+
+Known limitation (jaxlib 0.10 on CPU): gated_deltanet / deltanet with impl=chunk or
+parallel can hang in XLA:CPU on a 2-core machine when batched LAPACK triangular solves run
+concurrently (thread-pool starvation); `taskset -c 0 python train.py ...` or
+--config.model.impl=recurrent avoids it.
+"""
