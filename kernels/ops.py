@@ -127,6 +127,7 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None, segme
     b, t, h, f = q.shape
     dv = v.shape[-1]
     out_dtype = jnp.result_type(q, k, v)
+    decay_as_given = log_decay  # the Pallas kernel takes (H,) as is
     if log_decay is not None:
         log_decay = jnp.asarray(log_decay)
         if log_decay.shape == (h,):
@@ -153,7 +154,7 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None, segme
     if resolved in ("pallas", "pallas?"):
         fallback = (lambda: pure_jax("chunk")) if resolved == "pallas?" else None
         res = _call_pallas("linear_attention", fallback, q, k, v, normalize=normalize, eps=eps,
-                           log_decay=log_decay, initial_state=initial_state,
+                           log_decay=decay_as_given, initial_state=initial_state,
                            return_state=True, chunk_size=chunk_size)
     else:
         res = pure_jax(resolved)
