@@ -36,6 +36,8 @@ def get_config(arg: str = ""):
   if arg in ("decode", "train"):  # one half only: two sweeps, each with its own budget
     c.title = f"Speed: {arg} throughput"
     c.speed["train_lengths" if arg == "decode" else "decode_contexts"] = ()
+    if arg == "decode":  # two lengths, 32K first: what a few minutes of one GPU allow
+      c.speed["decode_contexts"] = (32768, 2048)
   elif arg == "tiny":
     c.model = {"vocab_size": 64, "d_model": 32, "num_layers": 2, "num_heads": 2,
                "max_len": 256}
