@@ -60,11 +60,44 @@ def _decay_terms(g, run, prev_run):
     return decay, gamma, key_weight, gamma_end
 
 
+def _substitute(a, rhs, *, reverse: bool):
+    """x with x_i = rhs_i - a[i, :] x, row by row (forward, or backward when reverse).
+
+    a must be zero wherever row i would read a row not yet solved (strictly lower for the
+    forward order, strictly upper for the reverse one). Plain XLA ops rather than LAPACK's
+    trsm: on small CPU machines XLA's thread pool can deadlock inside that custom call.
+    """
+    c = a.shape[-1]
+
+    def row(step, x):
+        i = c - 1 - step if reverse else step
+        xi = rhs[..., i, :] - einsum("...j,...jd->...d", a[..., i, :], x)
+        return x.at[..., i, :].set(xi)
+    return jax.lax.fori_loop(0, c, row, rhs)
+
+
+@jax.custom_vjp
 def _solve_unit_lower(a, rhs):
-    """Solve (I + a) x = rhs for strictly lower triangular a (..., C, C), in float32:
-    forward substitution (LAPACK / cuBLAS trsm), whose transpose gives the backward."""
-    eye = jnp.eye(a.shape[-1], dtype=a.dtype)
-    return jax.scipy.linalg.solve_triangular(eye + a, rhs, lower=True, unit_diagonal=True)
+    """Solve (I + a) x = rhs for strictly lower triangular a (..., C, C), in float32."""
+    return _substitute(a, rhs, reverse=False)
+
+
+def _solve_unit_lower_fwd(a, rhs):
+    x = _solve_unit_lower(a, rhs)
+    return x, (a, x)
+
+
+def _solve_unit_lower_bwd(res, dx):
+    # x = (I + a)^-1 rhs  =>  d_rhs = (I + a)^-T dx,  d_a = -strict_lower(d_rhs x^T).
+    a, x = res
+    d_rhs = _substitute(jnp.swapaxes(a, -1, -2), dx, reverse=True)
+    c = a.shape[-1]
+    strict = jnp.tril(jnp.ones((c, c), bool), -1)
+    d_a = jnp.where(strict, -einsum("...id,...jd->...ij", d_rhs, x), 0.0)
+    return d_a, d_rhs
+
+
+_solve_unit_lower.defvjp(_solve_unit_lower_fwd, _solve_unit_lower_bwd)
 
 
 # ----------------------------------------------------------------------------- phases
