@@ -335,14 +335,9 @@ def write_outputs(cfg: Mapping, runs: list[dict], workdir: str) -> list[dict]:
                             cells, os.path.join(workdir, f"niah_{k[2]}_{k[3]}.png"),
                             title=f"{k[2]} {k[3]} (lr {b['lr']:g})"))
         elif task == "speed":
-            series: dict[str, dict] = {"train": {}, "decode": {}}
-            for r in records:
-                for kind in ("train", "decode"):
-                    series[kind][r["mixer"]] = [
-                        (int(n), c["step_s"] / (int(n) if kind == "train" else 1))
-                        for n, c in r["metrics"].get(kind, {}).items() if "step_s" in c]
             if records:
-                written.append(plots.speed_plot(series, os.path.join(workdir, "speed.png")))
+                written.append(plots.speed_plot(speed_series(records),
+                                                os.path.join(workdir, "speed.png")))
     except Exception as e:  # noqa: BLE001 (a plot must never lose the tables)
         print(f"compare: plotting failed: {type(e).__name__}: {e}", file=sys.stderr)
     md = report.markdown(records, title=cfg.get("title", f"Comparison: {task}"),
@@ -351,6 +346,18 @@ def write_outputs(cfg: Mapping, runs: list[dict], workdir: str) -> list[dict]:
     with open(os.path.join(workdir, "results.md"), "w") as f:
         f.write(md)
     return records
+
+
+def speed_series(records: list[dict]) -> dict[str, dict]:
+    """{"train"|"decode": {mixer: [(T, seconds), ...]}}: training time per token, decode
+    time per step, from speed records (several records of one mixer are merged)."""
+    series: dict[str, dict] = {"train": {}, "decode": {}}
+    for r in records:
+        for kind in ("train", "decode"):
+            pts = series[kind].setdefault(r["mixer"], [])
+            pts += [(int(n), c["step_s"] / (int(n) if kind == "train" else 1))
+                    for n, c in r["metrics"].get(kind, {}).items() if "step_s" in c]
+    return series
 
 
 def sweep(cfg: Mapping[str, Any], workdir: str, *, python: str = sys.executable,

@@ -89,11 +89,11 @@ def speed_plot(series: dict[str, dict[str, Sequence[tuple[int, float]]]], path: 
 
     `series[kind][mixer] = [(T, seconds), ...]`.
     """
-    kinds = [k for k in series if series[k]]
+    kinds = [k for k in series if any(pts for pts in series[k].values())]
     fig, axes = plt.subplots(1, max(len(kinds), 1), figsize=(5.0 * max(len(kinds), 1), 3.8),
                              squeeze=False)
     labels = {"train": "training step time per token (s)",
-              "decode": "decode time per token (s), batch"}
+              "decode": "decode step time (s, whole batch)"}
     for ax, kind in zip(axes[0], kinds):
         for mixer, pts in sorted(series[kind].items()):
             pts = sorted((t, s) for t, s in pts if s and s > 0)

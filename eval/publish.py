@@ -15,6 +15,30 @@ import os
 import shutil
 
 
+def incomplete_runs(sweep_dir: str) -> list[dict]:
+    """Runs that were stopped before their done.json: what their training log says
+    (loss curve, best validation loss so far, last step, training tokens/s)."""
+    from eval.compare import read_train_log
+
+    out = []
+    for run in sorted(os.listdir(sweep_dir)):
+        d = os.path.join(sweep_dir, run)
+        if not os.path.isdir(d) or os.path.isfile(os.path.join(d, "done.json")):
+            continue
+        logged = read_train_log(d)
+        if not logged:
+            continue
+        steps = []
+        with open(os.path.join(d, "metrics.jsonl")) as f:
+            for line in f:
+                try:
+                    steps.append(int(json.loads(line).get("step", 0)))
+                except (json.JSONDecodeError, TypeError, ValueError):
+                    pass
+        out.append({"run": run, "last_step": max(steps) if steps else None, **logged})
+    return out
+
+
 def collect(sweeps_dir: str, docs_dir: str, device_file: str | None = None) -> dict:
     out: dict = {"device": None, "sweeps": {}}
     if device_file and os.path.isfile(device_file):
@@ -23,21 +47,42 @@ def collect(sweeps_dir: str, docs_dir: str, device_file: str | None = None) -> d
     os.makedirs(docs_dir, exist_ok=True)
     for sweep in sorted(os.listdir(sweeps_dir)):
         path = os.path.join(sweeps_dir, sweep)
-        results = os.path.join(path, "results.jsonl")
-        if not os.path.isfile(results):
+        if not os.path.isdir(path):
             continue
-        with open(results) as f:
-            records = [json.loads(line) for line in f if line.strip()]
+        results = os.path.join(path, "results.jsonl")
+        records = []
+        if os.path.isfile(results):
+            with open(results) as f:
+                records = [json.loads(line) for line in f if line.strip()]
         md = ""
         if os.path.isfile(os.path.join(path, "results.md")):
             with open(os.path.join(path, "results.md")) as f:
                 md = f.read()
         plots = []
         for png in sorted(glob.glob(os.path.join(path, "*.png"))):
+            if os.path.basename(png) == "speed.png":
+                continue  # replaced by the combined results_speed.png below
             name = f"results_{sweep}_{os.path.basename(png)}"
             shutil.copyfile(png, os.path.join(docs_dir, name))
             plots.append(name)
-        out["sweeps"][sweep] = {"records": records, "tables_md": md, "plots": plots}
+        incomplete = incomplete_runs(path)
+        curves = {f"{r['run']} (stopped at step {r['last_step']})": r["curve"]
+                  for r in incomplete if r.get("curve")}
+        if curves:  # stopped runs still have their validation curves
+            from eval import plots as plotting
+
+            name = f"results_{sweep}_incomplete_loss_curves.png"
+            plotting.loss_curves(curves, os.path.join(docs_dir, name))
+            plots.append(name)
+        out["sweeps"][sweep] = {"records": records, "tables_md": md, "plots": plots,
+                                "incomplete": incomplete}
+    speed = [r for s in out["sweeps"].values() for r in s["records"] if r.get("task") == "speed"]
+    if speed:  # the decode and train halves in one figure
+        from eval import plots as plotting
+        from eval.compare import speed_series
+
+        plotting.speed_plot(speed_series(speed), os.path.join(docs_dir, "results_speed.png"))
+        out["speed_plot"] = "results_speed.png"
     tmp = os.path.join(docs_dir, "results.json.tmp")
     with open(tmp, "w") as f:
         json.dump(out, f, indent=1)
