@@ -101,3 +101,27 @@ def test_unknown_task_is_named():
 
     with pytest.raises(ValueError, match="task='bogus'"):
         compare.expand_grid({"task": "bogus"})
+
+
+@pytest.mark.slow
+def test_tiny_niah_and_speed_sweeps(tmp_path):
+    """The other two tasks end to end: NIAH heatmaps per mixer, speed table and plot."""
+    from eval import compare
+
+    cfg = load_compare_config("compare_niah", "tiny")
+    cfg["runner"] = "inprocess"
+    recs = compare.sweep(cfg, str(tmp_path / "niah"), progress=False)
+    assert [r["mixer"] for r in recs] == ["softmax", "gated_deltanet"]
+    for r in recs:
+        cells = r["metrics"]["grid"]["cells"]
+        assert [(c["length"], c["depth"]) for c in cells] == \
+            [(n, d) for n in (64, 128) for d in (0.0, 0.5, 1.0)]
+        assert r["metrics"]["exact"] == pytest.approx(np.mean([c["exact"] for c in cells]))
+        assert (tmp_path / "niah" / f"niah_{r['mixer']}_d32.png").is_file()
+    cfg = load_compare_config("compare_speed", "tiny")
+    recs = compare.sweep(cfg, str(tmp_path / "speed"), progress=False)
+    by = {r["mixer"]: r["metrics"]["decode"] for r in recs}
+    assert by["gated_deltanet"]["16"]["state_bytes"] == by["gated_deltanet"]["64"]["state_bytes"]
+    assert by["softmax"]["64"]["state_bytes"] > by["softmax"]["16"]["state_bytes"]
+    assert (tmp_path / "speed" / "speed.png").is_file()
+    assert "decode tok/s @64" in (tmp_path / "speed" / "results.md").read_text()
