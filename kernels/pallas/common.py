@@ -89,6 +89,19 @@ def check_chunk_size(op: str, chunk_size: int):
             f"{op}: impl='pallas' needs chunk_size a power of two >= 16, got {chunk_size!r}")
 
 
+def check_inputs(op: str, q, k, v, *, segment_ids, chunk_size: int, variant: str | None):
+    """The checks both Pallas entry points share; returns (variant, input dtype)."""
+    if segment_ids is not None:
+        raise NotImplementedError(f"{op}: segment_ids are not supported; use impl='chunk'")
+    variant = resolve_variant(variant)
+    check_chunk_size(op, chunk_size)
+    check_head_dims(op, q.shape[-1], v.shape[-1], variant)
+    dtype = jnp.result_type(q, k, v)
+    if dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
+        raise NotImplementedError(f"{op}: inputs must be float32/bfloat16/float16, got {dtype}")
+    return variant, dtype
+
+
 def to_chunk_major(x, b: int, h: int):
     """(B, Tp, H, D) -> (B*H, Tp, D): the kernels' layout (one row of programs per head)."""
     tp, d = x.shape[1], x.shape[-1]

@@ -107,16 +107,10 @@ def gated_delta_rule(q, k, v, log_alpha, beta, *, initial_state=None, return_sta
     block_v_cols: force the value columns per GPU program (tuning; default adaptive).
     """
     op = "kernels.pallas.gated_delta_rule"
-    if segment_ids is not None:
-        raise NotImplementedError(f"{op}: segment_ids are not supported; use impl='chunk'")
-    variant = common.resolve_variant(variant)
-    common.check_chunk_size(op, chunk_size)
+    variant, dtype = common.check_inputs(op, q, k, v, segment_ids=segment_ids,
+                                         chunk_size=chunk_size, variant=variant)
     b, t, h, kdim = q.shape
     vdim = v.shape[-1]
-    common.check_head_dims(op, kdim, vdim, variant)
-    dtype = jnp.result_type(q, k, v)
-    if dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
-        raise NotImplementedError(f"{op}: inputs must be float32/bfloat16/float16, got {dtype}")
     if fused_prep is None:
         fused_prep = variant == "gpu"
     c = chunk_size

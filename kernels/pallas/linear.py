@@ -41,16 +41,10 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None,
     State S (B,H,F,Dv) float32, or (S, z) with z (B,H,F) when normalize=True.
     """
     op = "kernels.pallas.linear_attention"
-    if segment_ids is not None:
-        raise NotImplementedError(f"{op}: segment_ids are not supported; use impl='chunk'")
-    variant = common.resolve_variant(variant)
-    common.check_chunk_size(op, chunk_size)
+    variant, dtype = common.check_inputs(op, q, k, v, segment_ids=segment_ids,
+                                         chunk_size=chunk_size, variant=variant)
     b, t, h, f = q.shape
     dv = v.shape[-1]
-    common.check_head_dims(op, f, dv, variant)
-    dtype = jnp.result_type(q, k, v)
-    if dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
-        raise NotImplementedError(f"{op}: inputs must be float32/bfloat16/float16, got {dtype}")
     c = chunk_size
     n = -(-t // c)
     tp = n * c

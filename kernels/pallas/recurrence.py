@@ -49,15 +49,21 @@ def _mm(a, b, *, ta=False, tb=False, precision=None):
 
 # ----------------------------------------------------------------------------- chunk bodies
 
+def _chunk_values(ut, w, sc, prec):
+    """The values a chunk writes, U = Ut - W S (U = Ut for linear attention), in the input
+    dtype; the backward recomputes them from the saved chunk-start state."""
+    u = ut.astype(jnp.float32)
+    if w is not None:
+        u = u - _mm(w, sc, precision=prec)
+    return u.astype(ut.dtype)
+
+
 def _fwd_chunk(s, w, ut, qg, kd, p, gcl):
     """One chunk of the forward recurrence; s float32 (K, BV). Returns (o, s_next)."""
     dt = ut.dtype
     prec = common.dot_precision(dt)
     sc = s.astype(dt)
-    u = ut.astype(jnp.float32)
-    if w is not None:
-        u = u - _mm(w, sc, precision=prec)
-    uc = u.astype(dt)
+    uc = _chunk_values(ut, w, sc, prec)
     o = _mm(qg, sc, precision=prec) + _mm(p, uc, precision=prec)
     s_next = jnp.exp(gcl) * s + _mm(kd, uc, ta=True, precision=prec)
     return o, s_next
@@ -71,10 +77,7 @@ def _bwd_chunk(s, ds, w, ut, qg, kd, p, gcl, do):
     sc = s.astype(dt)
     dsc = ds.astype(dt)
     doc = do.astype(dt)
-    u = ut.astype(jnp.float32)
-    if w is not None:
-        u = u - _mm(w, sc, precision=prec)
-    uc = u.astype(dt)
+    uc = _chunk_values(ut, w, sc, prec)
     gc = jnp.exp(gcl)
     du = _mm(p, doc, ta=True, precision=prec) + _mm(kd, dsc, precision=prec)
     duc = du.astype(dt)
