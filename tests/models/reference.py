@@ -100,16 +100,22 @@ def performer(m, x):
     return linear_normalized(m, x, _favor(omega, d, eps, True), _favor(omega, d, eps, False))
 
 
+def _delta_inputs(m, xb, eps):
+    """q, k, v (T, H, D) and beta (T, H) of a delta-rule layer for one sequence xb (T, d)."""
+    h, d = m.num_heads, m.head_dim
+    l2 = lambda a: a / np.sqrt(np.sum(a * a, -1, keepdims=True) + eps)
+    q = l2(heads(_conv_silu(xb @ p(m.q_proj.kernel), p(m.q_conv.kernel)), h)) / math.sqrt(d)
+    k = l2(heads(_conv_silu(xb @ p(m.k_proj.kernel), p(m.k_conv.kernel)), h))
+    v = heads(_conv_silu(xb @ p(m.v_proj.kernel), p(m.v_conv.kernel)), h)
+    return q, k, v, sigmoid(xb @ p(m.b_proj.kernel))
+
+
 def deltanet(m, x, eps=1e-6):
     """DeltaNet: the delta rule with no decay, plain RMSNorm output."""
     h, d = m.num_heads, m.head_dim
-    l2 = lambda a: a / np.sqrt(np.sum(a * a, -1, keepdims=True) + eps)
     out = []
     for xb in np.asarray(x, np.float64):
-        q = l2(heads(_conv_silu(xb @ p(m.q_proj.kernel), p(m.q_conv.kernel)), h)) / math.sqrt(d)
-        k = l2(heads(_conv_silu(xb @ p(m.k_proj.kernel), p(m.k_conv.kernel)), h))
-        v = heads(_conv_silu(xb @ p(m.v_proj.kernel), p(m.v_conv.kernel)), h)
-        beta = sigmoid(xb @ p(m.b_proj.kernel))
+        q, k, v, beta = _delta_inputs(m, xb, eps)
         S = np.zeros((h, d, d))
         o = np.zeros((len(xb), h, d))
         for t in range(len(xb)):
@@ -132,13 +138,9 @@ def _conv_silu(x, w):
 def gated_deltanet(m, x, eps=1e-6):
     """Gated DeltaNet layer (paper eq. 10, fla's layer)."""
     h, d = m.num_heads, m.head_dim
-    l2 = lambda a: a / np.sqrt(np.sum(a * a, -1, keepdims=True) + eps)
     out = []
     for xb in np.asarray(x, np.float64):
-        q = l2(heads(_conv_silu(xb @ p(m.q_proj.kernel), p(m.q_conv.kernel)), h)) / math.sqrt(d)
-        k = l2(heads(_conv_silu(xb @ p(m.k_proj.kernel), p(m.k_conv.kernel)), h))
-        v = heads(_conv_silu(xb @ p(m.v_proj.kernel), p(m.v_conv.kernel)), h)
-        beta = sigmoid(xb @ p(m.b_proj.kernel))
+        q, k, v, beta = _delta_inputs(m, xb, eps)
         alpha = np.exp(-np.exp(p(m.A_log)) * softplus(xb @ p(m.a_proj.kernel) + p(m.dt_bias)))
         S = np.zeros((h, d, d))  # (keys, values) per head
         o = np.zeros((len(xb), h, d))

@@ -9,17 +9,21 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
+# A model and task small enough to compile and train in seconds on 2 CPU cores.
+TINY = {
+    "model.d_model": 32, "model.num_layers": 2, "model.num_heads": 2,
+    "data.seq_len": 16, "data.num_kv_pairs": 2, "data.vocab_size": 64,
+    "train.steps": 12, "train.batch_size": 8, "train.lr": 3e-3, "train.warmup_steps": 2,
+    "train.log_every": 1, "train.eval_every": 0, "train.eval_batches": 2,
+    "train.checkpoint_every": 4, "logging.wandb": "disabled", "logging.progress": False,
+}
+
+
 def tiny_config(**overrides):
   """A model and task small enough to compile and train in seconds on 2 CPU cores."""
   from training import config_tools
   c = config_tools.load_config_file(str(ROOT / "configs" / "mqar.py"))
-  base = {
-      "model.d_model": 32, "model.num_layers": 2, "model.num_heads": 2,
-      "data.seq_len": 16, "data.num_kv_pairs": 2, "data.vocab_size": 64,
-      "train.steps": 12, "train.batch_size": 8, "train.lr": 3e-3, "train.warmup_steps": 2,
-      "train.log_every": 1, "train.eval_every": 0, "train.eval_batches": 2,
-      "train.checkpoint_every": 4, "logging.wandb": "disabled", "logging.progress": False,
-  }
+  base = dict(TINY)
   base.update(overrides)
   for dotted, value in base.items():
     *sections, leaf = dotted.split(".")
@@ -32,13 +36,7 @@ def tiny_config(**overrides):
 
 def cli_args(config_overrides: dict, workdir) -> list[str]:
   """train.py arguments for the tiny config."""
-  base = {
-      "model.d_model": 32, "model.num_layers": 2, "model.num_heads": 2,
-      "data.seq_len": 16, "data.num_kv_pairs": 2, "data.vocab_size": 64,
-      "train.steps": 12, "train.batch_size": 8, "train.lr": 3e-3, "train.warmup_steps": 2,
-      "train.log_every": 1, "train.eval_every": 0, "train.eval_batches": 2,
-      "train.checkpoint_every": 4, "logging.wandb": "disabled", "logging.progress": False,
-  }
+  base = dict(TINY)
   base.update(config_overrides)
   return ([sys.executable, str(ROOT / "train.py"), "--config=" + str(ROOT / "configs/mqar.py"),
            f"--workdir={workdir}"] + [f"--config.{k}={v}" for k, v in base.items()])
