@@ -15,7 +15,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.model = ml_collections.ConfigDict(dict(
       vocab_size=0, d_model=256, num_layers=4, num_heads=4, num_kv_heads=0, head_dim=0,
       mixer="softmax", softmax_every=0, layer_pattern="",
-      mlp=True, d_ff=0, dropout=0.0,
+      mlp=True, d_ff=0, dropout=0.0, attention_dropout=0.0,
       window=64, feature_map="elu", based_feature_dim=16, num_random_features=256,
       conv_size=4, impl="auto", chunk_size=64, rope_theta=10000.0, max_len=2048,
       norm_eps=1e-6, init_std=0.02,
@@ -52,8 +52,13 @@ def get_config() -> ml_collections.ConfigDict:
       precision=config_dict.placeholder(str),         # "float32" | "bfloat16": sets model.dtype
       remat=config_dict.placeholder(bool),            # sets model.remat
       log_every=10, eval_every=250, eval_batches=20,
+      early_stop_patience=0,                          # stop after N evals with no new best
       checkpoint_every=500, keep_checkpoints=3, async_checkpoints=True,
       peak_flops=0.0,                                 # per device, for MFU; 0 = table
+      # Random-number generator for dropout and init: "threefry2x32" (same bits on every
+      # backend), or "unsafe_rbg" / "rbg" (the hardware generator: much faster dropout
+      # masks on GPU/TPU, bits differ between backends).
+      prng_impl="threefry2x32",
   ))
 
   # Devices: ("data", "fsdp", "tensor"); -1 = the rest of the devices.

@@ -55,6 +55,15 @@ def get_config(arg: str = ""):
     c.sizes = [_width(128)]
     c.lrs = [1e-3]
     c.overrides.train.steps = 1500
+  elif arg == "h200":  # what one H200 runs in ~10 minutes: Zoology's (256, 16) setting,
+    # the recall-vs-state scatter over three widths, one lr (3e-3; MQAR on the CPU config
+    # learns best there), batch 128 x 3,000 steps = 384k examples (~4 Zoology epochs)
+    c.settings = [_setting(256, 16)]
+    c.mixers = [_mixer(m) for m in ("softmax", "gated_deltanet", "based", "deltanet",
+                                    "linear", "sliding_window")]
+    c.lrs = [3e-3]
+    c.overrides.train.update({"steps": 3000, "batch_size": 128, "precision": "bfloat16",
+                              "b2": 0.99, "eval_every": 1000})
   elif arg == "tiny":  # CPU check of the sweep machinery: seconds per run
     c.settings = [{"name": "T32_kv2", "overrides": {"data.seq_len": 32, "data.num_kv_pairs": 2}}]
     c.mixers = [_mixer("softmax"), _mixer("gated_deltanet")]
@@ -67,5 +76,6 @@ def get_config(arg: str = ""):
     c.eval = {"batch_size": 8, "num_batches": 2}
     c.train_timeout_s = 600
   elif arg:
-    raise ValueError(f"compare_mqar: unknown variant {arg!r}; use '', 'reduced' or 'tiny'")
+    raise ValueError(f"compare_mqar: unknown variant {arg!r}; use '', 'reduced', 'h200' or "
+                     "'tiny'")
   return c

@@ -29,10 +29,15 @@ def get_config(arg: str = ""):
   c.base_config = "configs/shakespeare_char_gpu.py"  # the recipe; precision bf16 below
   c.lr_key = "train.lr"
   c.seed_key = "train.seed"
-  c.overrides = {"model": {"d_model": 384, "num_heads": 6, "dropout": 0.2},
+  # Every run reports its best validation loss (evaluated every 250 steps). The runs
+  # overfit after ~1,000-2,000 steps, so each stops after 6 evaluations (1,500 steps)
+  # without a new best: the best is then behind it, and the sweep costs ~40% less.
+  c.overrides = {"model": {"d_model": 384, "num_heads": 6, "dropout": 0.2,
+                           "attention_dropout": 0.2},
                  "data": {"seq_len": 256, "files": config_dict.placeholder(str)},
                  "train": {"steps": 5000, "batch_size": 64, "precision": "bfloat16",
-                           "eval_every": 250, "eval_batches": 50, "checkpoint_every": 1000},
+                           "eval_every": 250, "eval_batches": 50, "checkpoint_every": 1000,
+                           "early_stop_patience": 6, "prng_impl": "unsafe_rbg"},
                  "logging": {"wandb": "disabled"}}
   c.settings = [{"name": "char", "overrides": {}}]
   c.mixers = ([_mixer("softmax_6L", "softmax", 6)]
@@ -47,6 +52,7 @@ def get_config(arg: str = ""):
   if arg == "tiny":  # CPU check of the machinery: a few steps of a 1-layer model
     c.base_config = "configs/shakespeare_char.py"
     c.overrides.train.precision = "float32"
+    c.overrides.train.prng_impl = "threefry2x32"
     c.overrides.train.eval_every = 0
     c.overrides.train.eval_batches = 2
     c.overrides.model.d_model = 32

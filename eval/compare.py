@@ -305,10 +305,8 @@ def write_outputs(cfg: Mapping, runs: list[dict], workdir: str) -> list[dict]:
             records.append(rec)  # in the tables, flagged; not `done`
             failed.append(f"{run['name']} (incomplete, its numbers are in the tables): "
                           f"{rec.get('partial')}")
-    with open(os.path.join(workdir, "results.jsonl.tmp"), "w") as f:
-        for r in records:
-            f.write(json.dumps(r) + "\n")
-    os.replace(os.path.join(workdir, "results.jsonl.tmp"), os.path.join(workdir, "results.jsonl"))
+    _write_atomic(os.path.join(workdir, "results.jsonl"),
+                  "".join(json.dumps(r) + "\n" for r in records))
 
     written = []
     task = cfg["task"]
@@ -343,9 +341,16 @@ def write_outputs(cfg: Mapping, runs: list[dict], workdir: str) -> list[dict]:
     md = report.markdown(records, title=cfg.get("title", f"Comparison: {task}"),
                          settings_order=[s["name"] for s in cfg.get("settings") or []],
                          plots=[os.path.basename(p) for p in written], failed=failed)
-    with open(os.path.join(workdir, "results.md"), "w") as f:
-        f.write(md)
+    _write_atomic(os.path.join(workdir, "results.md"), md)
     return records
+
+
+def _write_atomic(path: str, text: str) -> None:
+    """Whole file or nothing, also with several sweep processes (--shard) in one workdir."""
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 def speed_series(records: list[dict]) -> dict[str, dict]:
@@ -360,19 +365,42 @@ def speed_series(records: list[dict]) -> dict[str, dict]:
     return series
 
 
+def parse_shard(text: str) -> tuple[int, int]:
+    """"i/n" -> (i, n): this process takes grid entries i, i+n, i+2n, ..."""
+    try:
+        i, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        i, n = -1, 0
+    if not 0 <= i < n:
+        raise ValueError(f"--shard={text!r}: use i/n with 0 <= i < n, e.g. 0/2 and 1/2 for "
+                         "two processes")
+    return i, n
+
+
 def sweep(cfg: Mapping[str, Any], workdir: str, *, python: str = sys.executable,
-          max_wall_s: float = 0.0, only: str = "", progress: bool = True) -> list[dict]:
-    """Runs every unfinished run of the grid, one after another; returns all records."""
+          max_wall_s: float = 0.0, only: str = "", progress: bool = True,
+          shard: str = "0/1", report_only: bool = False) -> list[dict]:
+    """Runs every unfinished run of the grid, one after another; returns all records.
+
+    shard "i/n": run only every n-th grid entry from the i-th, so n processes (on one GPU
+    or several) share a sweep directory; the tables cover every finished run.
+    report_only: run nothing, rebuild results.jsonl / results.md / plots.
+    """
     runs = expand_grid(cfg)
     if only:
         runs = [r for r in runs if only in r["name"]]
+    i, n = parse_shard(shard)
     os.makedirs(workdir, exist_ok=True)
+    if report_only:
+        return write_outputs(cfg, runs, workdir)
     start = time.time()
     deadline = start + max_wall_s if max_wall_s else None
-    todo = [r for r in runs if not os.path.isfile(os.path.join(workdir, r["name"], "done.json"))]
+    todo = [r for r in runs[i::n]
+            if not os.path.isfile(os.path.join(workdir, r["name"], "done.json"))]
     from tqdm import tqdm
 
-    bar = tqdm(total=len(runs), initial=len(runs) - len(todo), desc="compare", unit="run",
+    mine = len(runs[i::n])
+    bar = tqdm(total=mine, initial=mine - len(todo), desc="compare", unit="run",
                disable=not progress)
     log = bar.write
     for run in todo:
@@ -419,7 +447,8 @@ def main(argv):
     cfg = common.to_plain(f.config)
     if f.runner:
         cfg["runner"] = f.runner
-    records = sweep(cfg, f.workdir, max_wall_s=f.max_wall_s, only=f.only)
+    records = sweep(cfg, f.workdir, max_wall_s=f.max_wall_s, only=f.only, shard=f.shard,
+                    report_only=f.report_only)
     common.print_json({"workdir": f.workdir, "finished_runs": len(records),
                        "results": os.path.join(f.workdir, "results.md")})
 
@@ -433,6 +462,9 @@ if __name__ == "__main__":
                         required=True)
     flags.DEFINE_float("max_wall_s", 0.0, "Start no new run after this many seconds (0: no limit).")
     flags.DEFINE_string("only", "", "Run only grid entries whose name contains this string.")
+    flags.DEFINE_string("shard", "0/1", "i/n: run grid entries i, i+n, ... (n processes "
+                        "sharing one sweep directory).")
+    flags.DEFINE_bool("report_only", False, "Run nothing; rebuild the tables and plots.")
     flags.DEFINE_enum("runner", None, ["subprocess", "inprocess"],
                       "How to train each run (default: the config's `runner`, else subprocess).")
     flags.mark_flags_as_required(["config"])

@@ -44,11 +44,14 @@ def _ungroup(o):
 
 
 def softmax_attention(q, k, v, *, segment_ids=None, causal=True, scale=None, window=None,
-                      impl="auto"):
+                      impl="auto", dropout_rate=0.0, dropout_rng=None):
     """Softmax attention with optional causal mask, sliding window and segments.
 
     window: token t sees s with t - window < s <= t (and s - window < t when not causal).
     impl: "xla", "cudnn" (GPU, bf16/fp16), or "auto" (cudnn where it applies, else xla).
+    dropout_rate, dropout_rng: dropout on the attention probabilities (training; nanoGPT's
+    attn_dropout). Kept weights are scaled by 1 / (1 - rate). This takes the explicit
+    path (scores materialised), since the fused kernels have no dropout.
     """
     _check_qkv(q, k, v, "softmax_attention")
     if impl not in SOFTMAX_IMPLS:
@@ -72,6 +75,13 @@ def softmax_attention(q, k, v, *, segment_ids=None, causal=True, scale=None, win
         w = int(window)
         local = (w - 1, 0) if causal else (w - 1, w - 1)
     kwargs = dict(mask=mask, scale=scale, is_causal=causal, local_window_size=local)
+    if not 0.0 <= dropout_rate < 1.0:
+        raise ValueError(f"softmax_attention: dropout_rate must be in [0, 1), got {dropout_rate}")
+    if dropout_rate > 0.0:
+        if dropout_rng is None:
+            raise ValueError("softmax_attention: dropout_rate > 0 needs a dropout_rng key")
+        return _attention_with_dropout(q, k, v, mask, causal, window, scale, dropout_rate,
+                                       dropout_rng)
 
     if impl == "auto":
         use_cudnn = (jax.default_backend() == "gpu" and mask is None
@@ -94,6 +104,35 @@ def _masked_softmax_read(scores, mask, v_spec, v):
     p = jnp.where(mask, jnp.exp(scores - m), 0.0)
     p = p / jnp.maximum(jnp.sum(p, axis=-1, keepdims=True), jnp.finfo(jnp.float32).tiny)
     return jnp.einsum(v_spec, p, v.astype(jnp.float32), precision=PRECISION)
+
+
+def _attention_with_dropout(q, k, v, mask, causal, window, scale, rate, rng):
+    """Explicit scores -> float32 softmax -> dropout on the probabilities -> read v."""
+    b, t, _, d = q.shape
+    s = k.shape[1]
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    qg = _group(q, k.shape[2])
+    scores = jnp.einsum("btkgd,bskd->bkgts", qg, k, precision=PRECISION,
+                        preferred_element_type=jnp.float32) * scale
+    qpos, kpos = jnp.arange(t)[:, None], jnp.arange(s)[None, :]
+    keep = jnp.ones((t, s), bool)
+    if causal:
+        keep &= kpos <= qpos
+    if window is not None:
+        keep &= (kpos > qpos - window) & (causal | (kpos < qpos + window))
+    full = keep[None, None, None]
+    if mask is not None:  # (B, 1, T, S) segment mask -> (B, 1, 1, T, S)
+        full = full & mask[:, :, None]
+    scores = jnp.where(full, scores, -jnp.inf)
+    m = jnp.max(scores, axis=-1, keepdims=True)
+    m = jnp.where(jnp.isfinite(m), m, 0.0)
+    p = jnp.where(full, jnp.exp(scores - m), 0.0)
+    p = p / jnp.maximum(jnp.sum(p, axis=-1, keepdims=True), jnp.finfo(jnp.float32).tiny)
+    kept = jax.random.bernoulli(rng, 1.0 - rate, p.shape)
+    p = jnp.where(kept, p / (1.0 - rate), 0.0)
+    o = jnp.einsum("bkgts,bskd->btkgd", p.astype(v.dtype), v, precision=PRECISION,
+                   preferred_element_type=jnp.float32)
+    return _ungroup(o).astype(q.dtype)
 
 
 def _sliding_window_masked(q, k, v, window, segment_ids, scale):

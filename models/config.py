@@ -31,7 +31,8 @@ class ModelConfig:
     # MLP.
     mlp: bool = True               # Zoology's MQAR runs have no MLP
     d_ff: int = 0                  # 0 = SwiGLU default, ~8/3 d_model rounded up to 32
-    dropout: float = 0.0
+    dropout: float = 0.0           # on the embeddings and each residual branch
+    attention_dropout: float = 0.0  # on softmax attention probabilities (nanoGPT's attn_dropout)
     # Mixer-specific.
     window: int = 64               # sliding window (sliding_window, based)
     feature_map: str = "elu"       # `linear`: elu, relu, identity, dpfp (2 d features)
@@ -71,8 +72,9 @@ class ModelConfig:
                 fail("layer_pattern", f"needs one letter per layer ({self.num_layers})")
             if set(self.layer_pattern) - {"L", "S"}:
                 fail("layer_pattern", "may only hold 'L' (cfg.mixer) and 'S' (softmax)")
-        if not 0.0 <= self.dropout < 1.0:
-            fail("dropout", "must be in [0, 1)")
+        for key in ("dropout", "attention_dropout"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                fail(key, "must be in [0, 1)")
         if self.dtype not in DTYPES:
             fail("dtype", f"choose one of {DTYPES}")
         if self.param_dtype not in DTYPES:

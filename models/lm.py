@@ -35,7 +35,9 @@ class Block(nnx.Module):
         return x + h.astype(x.dtype)
 
     def __call__(self, x, *, segment_ids=None, deterministic: bool = True):
-        h = self.mixer(self.mixer_norm(x), segment_ids=segment_ids)
+        extra = ({"deterministic": deterministic}
+                 if getattr(self.mixer, "takes_deterministic", False) else {})
+        h = self.mixer(self.mixer_norm(x), segment_ids=segment_ids, **extra)
         x = x + self.dropout(h, deterministic=deterministic).astype(x.dtype)
         return self._mlp(x, deterministic)
 

@@ -154,6 +154,9 @@ def overrides_from_argv(argv: Iterable[str], flag: str = "config") -> tuple[str 
 
 
 # ----------------------------------------------------------------------------- sanity
+PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
+
+
 def check_config(config) -> None:
   """Values that are well-typed but impossible; named with the key and a fix."""
   t = config.train
@@ -166,6 +169,8 @@ def check_config(config) -> None:
                       f"train.grad_accum={t.grad_accum}")
   if t.get("precision") not in (None, "float32", "bfloat16"):
     raise ConfigError(f"train.precision={t.precision!r}: use 'float32' or 'bfloat16'")
+  if t.get("prng_impl", "threefry2x32") not in PRNG_IMPLS:
+    raise ConfigError(f"train.prng_impl={t.prng_impl!r}: use one of {', '.join(PRNG_IMPLS)}")
   if config.logging.wandb not in ("offline", "online", "disabled"):
     raise ConfigError(f"logging.wandb={config.logging.wandb!r}: use offline, online or disabled")
 

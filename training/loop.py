@@ -113,6 +113,21 @@ class _Stop:
   signum: int | None = None
 
 
+class _Patience:
+  """Early stopping: True once `limit` evaluations in a row bring no new best eval loss
+  (limit 0: never). The best validation loss a run reports is unchanged by stopping."""
+
+  def __init__(self, limit: int):
+    self.limit, self.best, self.since_best = limit, math.inf, 0
+
+  def update(self, eval_loss: float) -> bool:
+    if eval_loss < self.best:
+      self.best, self.since_best = eval_loss, 0
+    else:
+      self.since_best += 1
+    return self.limit > 0 and self.since_best >= self.limit
+
+
 def _install_signal_handlers(flag: _Stop):
   """SIGINT/SIGTERM set a flag; the loop saves at the next step boundary and exits."""
   previous = {}
@@ -182,6 +197,12 @@ class _Progress:
 def train(config, workdir: str) -> dict[str, Any]:
   """Trains (or resumes) the run in `workdir`; returns the final eval metrics."""
   config_tools.check_config(config)
+  # Every key of the run (init, dropout) comes from this generator; scoped to the run.
+  with jax.default_prng_impl(config.train.get("prng_impl", "threefry2x32")):
+    return _train(config, workdir)
+
+
+def _train(config, workdir: str) -> dict[str, Any]:
   is_main = jax.process_index() == 0
   t_cfg = config.train
 
@@ -224,6 +245,10 @@ def train(config, workdir: str) -> dict[str, Any]:
   params, rest = model_state.init_sharded(make_model, p_sh, repl)
   parts = model_state.ModelParts(graphdef, template, rest, names, logical, shapes)
   restored = start is not None
+  # Early stopping's state travels in the checkpoint, so a resumed run stops where an
+  # uninterrupted one would (and a run that stopped early stays stopped).
+  patience = _Patience(int(t_cfg.get("early_stop_patience", 0) or 0))
+  end_step = t_cfg.steps
   if not restored:
     start = 0
     opt_state = jax.jit(tx.init, out_shardings=o_sh)(params)
@@ -235,6 +260,11 @@ def train(config, workdir: str) -> dict[str, Any]:
                      abstract_opt, o_sh))
     if int(meta.get("data_position", start)) != start:
       raise TrainingError(f"checkpoint {start} has data position {meta['data_position']}")
+    early = meta.get("early_stop") or {}
+    patience.best = math.inf if early.get("best") is None else float(early["best"])
+    patience.since_best = int(early.get("since_best", 0))
+    if early.get("stopped"):
+      end_step = start
 
   n_params = model_state.num_params(shapes)
   tokens_per_step = t_cfg.batch_size * int(config.data.seq_len)
@@ -279,6 +309,9 @@ def train(config, workdir: str) -> dict[str, Any]:
     if last_saved == step:
       return
     meta = {"step": step, "data_position": step, "seed": int(t_cfg.seed),
+            "early_stop": {"best": None if math.isinf(patience.best) else patience.best,
+                           "since_best": patience.since_best,
+                           "stopped": step == end_step and step < t_cfg.steps},
             "rng": f"jax.random.fold_in(key({int(t_cfg.seed)}), step)",
             "config": config_tools.to_plain(config)}
     ckpt.save(step, params, opt_state, meta, force=True)
@@ -319,7 +352,7 @@ def train(config, workdir: str) -> dict[str, Any]:
   progress = _Progress(config.logging.progress and is_main, start, t_cfg.steps)
   result: dict[str, Any] = {}
   try:
-    for s in range(start, t_cfg.steps):
+    for s in range(start, end_step):
       batch = shd.global_batch(dataset.batch(s, t_cfg.batch_size), batch_sh)
       params, opt_state, m = train_step(params, opt_state, batch,
                                         jax.random.fold_in(base_key, s))
@@ -336,21 +369,29 @@ def train(config, workdir: str) -> dict[str, Any]:
       ckpt_now = t_cfg.checkpoint_every and step % t_cfg.checkpoint_every == 0
       if pending and (log_now or eval_now or ckpt_now or stop.signum is not None):
         flush(step, log_now=log_now)
+      early_stop = False
       if eval_now:
         e = evaluate(step)
         progress.write(f"step {step}: eval_loss {e['eval_loss']:.4f}, "
                        f"eval_accuracy {e['eval_accuracy']:.4f}")
-      if ckpt_now:
-        save(step)
+        early_stop = patience.update(e["eval_loss"])
+        if early_stop:
+          end_step = step
+          progress.write(f"step {step}: no new best eval_loss in {patience.limit} evaluations "
+                         f"(best {patience.best:.4f}); stopping early")
+      if ckpt_now or early_stop:
+        save(step)  # after end_step is set: the checkpoint records the stop
       if stop.signum is not None:
         save(step)
         ckpt.wait()
         raise Interrupted(stop.signum, step)
-    final_step = max(start, t_cfg.steps)
+      if early_stop:
+        break
+    final_step = max(start, end_step)
     flush(final_step, log_now=bool(pending))
     save(final_step)
     # A finished run started again only re-reports: its final eval is already logged.
-    result = evaluate(final_step, record=not (restored and start >= t_cfg.steps))
+    result = evaluate(final_step, record=not (restored and start >= end_step))
     ckpt.wait()
   finally:
     progress.close()
@@ -361,5 +402,5 @@ def train(config, workdir: str) -> dict[str, Any]:
       log.close()
       wandb.close()
   result["num_params"] = n_params
-  result["step"] = max(start, t_cfg.steps)
+  result["step"] = final_step
   return result

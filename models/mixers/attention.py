@@ -27,6 +27,17 @@ class _Attention(nnx.Module):
         self.k_proj = dense(cfg, cfg.d_model, self.kv_heads * d, ("embed", "heads"), rngs=rngs)
         self.v_proj = dense(cfg, cfg.d_model, self.kv_heads * d, ("embed", "heads"), rngs=rngs)
         self.o_proj = dense(cfg, self.num_heads * d, cfg.d_model, ("heads", "embed"), rngs=rngs)
+        # Dropout on the attention probabilities; only built when asked for, so models
+        # without it keep the same state (and checkpoints) as before.
+        self.attn_dropout = (nnx.Dropout(cfg.attention_dropout, rngs=rngs)
+                             if cfg.attention_dropout > 0 else None)
+
+    takes_deterministic = True  # Block passes `deterministic` (training vs evaluation)
+
+    def _dropout_args(self, deterministic: bool) -> dict:
+        if self.attn_dropout is None or deterministic:
+            return {}
+        return {"dropout_rate": self.attn_dropout.rate, "dropout_rng": self.attn_dropout.rngs()}
 
     def _qkv(self, x, positions):
         b, t, _ = x.shape
@@ -63,9 +74,10 @@ class SoftmaxAttention(_Attention):
 
     state_grows = True  # state_size() is per cached token
 
-    def __call__(self, x, *, segment_ids=None):
+    def __call__(self, x, *, segment_ids=None, deterministic: bool = True):
         q, k, v = self._qkv(x, segment_positions(segment_ids, x.shape[1]))
-        return self._out(ops.softmax_attention(q, k, v, segment_ids=segment_ids, causal=True))
+        return self._out(ops.softmax_attention(q, k, v, segment_ids=segment_ids, causal=True,
+                                               **self._dropout_args(deterministic)))
 
     def init_state(self, batch: int, max_len: int):
         return self._cache(batch, max_len)
@@ -111,9 +123,15 @@ class SlidingWindowAttention(_Attention):
         super().__init__(cfg, rngs=rngs)
         self.window = cfg.window
 
-    def __call__(self, x, *, segment_ids=None):
+    def __call__(self, x, *, segment_ids=None, deterministic: bool = True):
         q, k, v = self._qkv(x, segment_positions(segment_ids, x.shape[1]))
-        o = ops.sliding_window_attention(q, k, v, window=self.window, segment_ids=segment_ids)
+        drop = self._dropout_args(deterministic)
+        if drop:  # the explicit (T x T) path: the banded kernel has no dropout
+            o = ops.softmax_attention(q, k, v, segment_ids=segment_ids, causal=True,
+                                      window=self.window, **drop)
+        else:
+            o = ops.sliding_window_attention(q, k, v, window=self.window,
+                                             segment_ids=segment_ids)
         return self._out(o)
 
     def init_state(self, batch: int, max_len: int):

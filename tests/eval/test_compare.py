@@ -79,6 +79,31 @@ def test_second_invocation_skips_finished_runs(mqar_sweep):
         assert os.path.getmtime(workdir / name / "metrics.jsonl") == metrics_t
 
 
+def test_shards_split_the_grid_and_share_the_tables(mqar_sweep, tmp_path):
+    """--shard=i/n runs grid entries i, i+n, ...; the tables cover every finished run."""
+    import shutil
+
+    from eval import compare
+
+    cfg, workdir, records, _ = mqar_sweep
+    wd = tmp_path / "sharded"
+    shutil.copytree(workdir, wd)
+    first, second = (r["run"] for r in records)
+    shutil.rmtree(wd / first)  # entry 0 unfinished, entry 1 finished
+    done = compare.sweep(cfg, str(wd), only="softmax", shard="1/2", progress=False)
+    assert [r["run"] for r in done] == [second] and not (wd / first).exists()
+    done = compare.sweep(cfg, str(wd), only="softmax", shard="0/2", progress=False)
+    assert [r["run"] for r in done] == [first, second]
+    lines = (wd / "results.jsonl").read_text().splitlines()
+    (wd / "results.jsonl").unlink()
+    again = compare.sweep(cfg, str(wd), only="softmax", report_only=True, progress=False)
+    assert [r["run"] for r in again] == [first, second]
+    assert (wd / "results.jsonl").read_text().splitlines() == lines
+    for bad in ("2/2", "1", "a/b", "-1/2"):
+        with pytest.raises(ValueError, match="shard"):
+            compare.parse_shard(bad)
+
+
 def test_grid_expansion_of_the_full_configs():
     from eval import compare
 

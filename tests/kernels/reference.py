@@ -80,8 +80,10 @@ def gated_delta_rule(q, k, v, log_alpha, beta, *, segment_ids=None, initial_stat
     return o, S_out
 
 
-def softmax_attention(q, k, v, *, segment_ids=None, causal=True, scale=None, window=None):
-    """Per query: scores over allowed keys, stable softmax, weighted sum. GQA by h // group."""
+def softmax_attention(q, k, v, *, segment_ids=None, causal=True, scale=None, window=None,
+                      keep=None, rate=0.0):
+    """Per query: scores over allowed keys, stable softmax, weighted sum. GQA by h // group.
+    keep (B, Hkv, group, T, S) bool, rate: dropout on the probabilities with this mask."""
     q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
     b, t, hq, d = q.shape
     s, hkv = k.shape[1], k.shape[2]
@@ -107,5 +109,8 @@ def softmax_attention(q, k, v, *, segment_ids=None, causal=True, scale=None, win
                 sc = np.array([q[bi, ti, hi] @ k[bi, si, hi // group] for si in allowed]) * scale
                 p = np.exp(sc - sc.max())
                 p /= p.sum()
+                if keep is not None:
+                    kh, g = hi // group, hi % group
+                    p = p * np.array([keep[bi, kh, g, ti, si] for si in allowed]) / (1 - rate)
                 o[bi, ti, hi] = sum(pi * v[bi, si, hi // group] for pi, si in zip(p, allowed))
     return o

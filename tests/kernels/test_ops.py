@@ -504,6 +504,26 @@ def test_softmax_attention_causal_gqa_vs_reference(hq, hkv, segs):
         assert_close(got, want, f"softmax hq={hq} hkv={hkv} scale={scale}")
 
 
+@pytest.mark.parametrize("window,segs", [(None, False), (None, True), (5, True)])
+def test_softmax_attention_dropout_vs_reference_with_the_same_mask(window, segs):
+    t, hq, hkv, rate = 19, 4, 2, 0.3
+    q, k, v = _attn_inputs(t, hq, hkv, seed=21)
+    seg = segments(t) if segs else None
+    key = jax.random.key(7)
+    got = ops.softmax_attention(f32(q), f32(k), f32(v), segment_ids=seg, window=window,
+                                dropout_rate=rate, dropout_rng=key)
+    # The kernel draws one keep-mask over (B, Hkv, group, T, S); the float64 reference
+    # applies that same mask to its own probabilities.
+    keep = np.asarray(jax.random.bernoulli(key, 1.0 - rate, (B, hkv, hq // hkv, t, t)))
+    assert 0.6 < keep.mean() < 0.8
+    want = ref.softmax_attention(q, k, v, segment_ids=seg, window=window, keep=keep, rate=rate)
+    assert_close(got, want, f"attention dropout window={window} segs={segs}")
+    plain = ops.softmax_attention(f32(q), f32(k), f32(v), segment_ids=seg, window=window)
+    assert rel(got, plain) > 0.05  # the mask did something
+    with pytest.raises(ValueError, match="dropout_rng"):
+        ops.softmax_attention(f32(q), f32(k), f32(v), dropout_rate=rate)
+
+
 def test_softmax_attention_non_causal_cross_lengths():
     q, k, v = _attn_inputs(5, seed=8, s=11)
     want = ref.softmax_attention(q, k, v, causal=False)

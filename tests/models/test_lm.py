@@ -131,6 +131,24 @@ def test_dropout_only_when_not_deterministic():
     assert float(jnp.max(jnp.abs(c - a))) > 1e-3 and float(jnp.max(jnp.abs(c - d))) > 1e-3
 
 
+@pytest.mark.parametrize("mixer", ["softmax", "sliding_window"])
+def test_attention_dropout_only_in_training(mixer):
+    """attention_dropout leaves parameters and evaluation unchanged; training draws masks."""
+    tok = tokens(tiny_config())
+    plain = LanguageModel(tiny_config(num_layers=1, mixer=mixer), rngs=nnx.Rngs(0, dropout=1))
+    drop = LanguageModel(tiny_config(num_layers=1, mixer=mixer, attention_dropout=0.5),
+                         rngs=nnx.Rngs(0, dropout=1))
+    for (pa, a), (pb, b) in zip(nnx.to_flat_state(nnx.state(plain, nnx.Param)),
+                                nnx.to_flat_state(nnx.state(drop, nnx.Param))):
+        assert pa == pb
+        np.testing.assert_array_equal(a.value, b.value)
+    np.testing.assert_allclose(_apply(drop, tok, True), _apply(plain, tok, True),
+                               rtol=1e-6, atol=1e-6)
+    c, d = _apply(drop, tok, False), _apply(drop, tok, False)
+    assert float(jnp.max(jnp.abs(c - _apply(plain, tok, True)))) > 1e-3
+    assert float(jnp.max(jnp.abs(c - d))) > 1e-3  # a fresh mask each call
+
+
 def test_tied_embeddings_and_no_mlp():
     cfg = tiny_config(num_layers=1, mixer="softmax", tie_embeddings=True, mlp=False)
     m = LanguageModel(cfg, rngs=nnx.Rngs(0))

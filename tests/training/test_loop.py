@@ -165,3 +165,40 @@ def test_remat_is_exact_and_bfloat16_is_close_with_float32_params(tmp_path):
   model, config, _, _ = checkpoint.load_for_eval(tmp_path / "bf16")
   assert config.train.precision == "bfloat16"
   assert {str(p.dtype) for p in jax.tree.leaves(nnx.state(model, nnx.Param))} == {"float32"}
+
+
+def test_prng_impl_is_used_for_the_run_and_scoped_to_it(tmp_path):
+  """train.prng_impl keys init and dropout (losses change, and repeat exactly), and the
+  process default is back afterwards."""
+  kw = {"train.steps": 3, "train.checkpoint_every": 0, "model.dropout": 0.3}
+  runs = {}
+  for name, impl in (("fry", "threefry2x32"), ("rbg_a", "unsafe_rbg"), ("rbg_b", "unsafe_rbg")):
+    loop.train(tiny_config(**kw, **{"train.prng_impl": impl}), str(tmp_path / name))
+    runs[name] = train_losses(tmp_path / name)
+  assert runs["rbg_a"] == runs["rbg_b"]
+  assert all(runs["fry"][s] != runs["rbg_a"][s] for s in runs["fry"])
+  assert str(jax.random.key(0).dtype) == "key<fry>"
+  with pytest.raises(config_tools.ConfigError, match="prng_impl"):
+    loop.train(tiny_config(**{"train.prng_impl": "philox"}), str(tmp_path / "bad"))
+
+
+def test_early_stopping_stops_where_an_uninterrupted_run_would(tmp_path):
+  """lr 0 keeps the model fixed, so the eval loss never improves after the first eval:
+  with patience 2 and an eval every 2 steps the run stops at step 6. A run that crashed
+  after its step-4 checkpoint stops there too when resumed (the patience count travels in
+  the checkpoint), and a stopped run started again stays stopped."""
+  import shutil
+  kw = {"train.lr": 0.0, "train.eval_every": 2, "train.early_stop_patience": 2,
+        "train.checkpoint_every": 4}
+  whole = loop.train(tiny_config(**kw), str(tmp_path / "whole"))
+  assert whole["step"] == 6
+  assert max(train_losses(tmp_path / "whole")) == 6
+
+  shutil.copytree(tmp_path / "whole", tmp_path / "crashed")
+  shutil.rmtree(tmp_path / "crashed" / "checkpoints" / "6")  # as if killed after step 4
+  resumed = loop.train(tiny_config(**kw), str(tmp_path / "crashed"))
+  assert resumed["step"] == 6
+  assert train_losses(tmp_path / "crashed") == train_losses(tmp_path / "whole")
+
+  again = loop.train(tiny_config(**kw), str(tmp_path / "whole"))
+  assert again["step"] == 6 and max(train_losses(tmp_path / "whole")) == 6
