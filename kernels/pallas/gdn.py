@@ -71,19 +71,19 @@ def prep_xla(q, k, v, g, beta, chunk, inverse=None):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def prep_pallas(q, k, v, g, beta, chunk):
-    """prep_xla computed by the one-pass Pallas kernel; backward through prep_xla."""
-    b, tp, h, _ = q.shape
-    return _prep_pallas_with_inverse(q, k, v, g, beta, chunk)[:-1]
+    """prep_xla computed by the one-pass Pallas kernel; backward through prep_xla.
+    Without a gradient (this primal) the kernel skips writing the inverse X."""
+    return _prep_pallas(q, k, v, g, beta, chunk, with_inverse=False)
 
 
-def _prep_pallas_with_inverse(q, k, v, g, beta, chunk):
+def _prep_pallas(q, k, v, g, beta, chunk, *, with_inverse):
     b, tp, h, _ = q.shape
     big_g = jnp.cumsum(g.reshape(b, tp // chunk, chunk, h), axis=2).reshape(b, tp, h)
-    return tuple(gdn_intra(q, k, v, big_g, beta, chunk=chunk))
+    return tuple(gdn_intra(q, k, v, big_g, beta, chunk=chunk, with_inverse=with_inverse))
 
 
 def _prep_fwd(q, k, v, g, beta, chunk):
-    *outs, inverse = _prep_pallas_with_inverse(q, k, v, g, beta, chunk)
+    *outs, inverse = _prep_pallas(q, k, v, g, beta, chunk, with_inverse=True)
     return tuple(outs), (q, k, v, g, beta, inverse)
 
 

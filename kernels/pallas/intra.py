@@ -54,7 +54,7 @@ def _unit_lower_inverse(n_mat):
 
 
 def _intra_kernel(q_ref, k_ref, v_ref, g_ref, b_ref,
-                  w_ref, ut_ref, qg_ref, kd_ref, p_ref, gcl_ref, x_ref, *, chunk):
+                  w_ref, ut_ref, qg_ref, kd_ref, p_ref, gcl_ref, *x_ref, chunk):
     f32 = jnp.float32
     hi = lax.Precision.HIGHEST
     dt = k_ref.dtype
@@ -106,20 +106,22 @@ def _intra_kernel(q_ref, k_ref, v_ref, g_ref, b_ref,
 
     for i in range(nb):
         rows_i = pl.ds(i * BS, BS)
-        for j in range(nb):   # X itself, saved for the backward pass
-            x_ref[rows_i, pl.ds(j * BS, BS)] = (x[i, j] if j <= i
-                                                else jnp.zeros((BS, BS), f32))
+        for j in range(nb if x_ref else 0):   # X itself, only when a backward needs it
+            x_ref[0][rows_i, pl.ds(j * BS, BS)] = (x[i, j] if j <= i
+                                                   else jnp.zeros((BS, BS), f32))
         w_i = _sum(_mm(x[i, j].astype(dt), rhs_k[j], precision=prec) for j in range(i + 1))
         u_i = _sum(_mm(x[i, j].astype(dt), rhs_v[j], precision=prec) for j in range(i + 1))
         w_ref[rows_i, :] = w_i.astype(w_ref.dtype)
         ut_ref[rows_i, :] = u_i.astype(ut_ref.dtype)
 
 
-def gdn_intra(q, k, v, big_g, beta, *, chunk):
+def gdn_intra(q, k, v, big_g, beta, *, chunk, with_inverse=True):
     """q, k (B,Tp,H,K), v (B,Tp,H,V) in one dtype; big_g (in-chunk inclusive cumsum of the
     log-decays) and beta (B,Tp,H) float32. Returns the recurrence inputs
-    (w, ut, qg, kd, p) each (B*H, Tp, .) in the input dtype and gcl (B*H, N, 1, 1), and
-    the float32 inverse X = (I + A)^-1 per chunk as (B*H, Tp, C)."""
+    (w, ut, qg, kd, p) each (B*H, Tp, .) in the input dtype and gcl (B*H, N, 1, 1), then,
+    with_inverse only, the float32 inverse X = (I + A)^-1 per chunk as (B*H, Tp, C): the
+    backward's stand-in for the triangular solve, 256 bytes per token and head that a
+    forward without gradients need not write."""
     b, tp, h, kdim = q.shape
     vdim = v.shape[-1]
     n = tp // chunk
@@ -134,11 +136,12 @@ def gdn_intra(q, k, v, big_g, beta, *, chunk):
                   jax.ShapeDtypeStruct((b * h, tp, kdim), dt),
                   jax.ShapeDtypeStruct((b * h, tp, kdim), dt),
                   jax.ShapeDtypeStruct((b * h, tp, chunk), dt),
-                  jax.ShapeDtypeStruct((b * h, n, 1, 1), jnp.float32),
-                  jax.ShapeDtypeStruct((b * h, tp, chunk), jnp.float32)]
+                  jax.ShapeDtypeStruct((b * h, n, 1, 1), jnp.float32)]
     out_specs = [out(kdim), out(vdim), out(kdim), out(kdim), out(chunk),
-                 pl.BlockSpec((None, None, 1, 1), lambda bi, hi, ni: (bi * h + hi, ni, 0, 0)),
-                 out(chunk)]
+                 pl.BlockSpec((None, None, 1, 1), lambda bi, hi, ni: (bi * h + hi, ni, 0, 0))]
+    if with_inverse:
+        out_shapes.append(jax.ShapeDtypeStruct((b * h, tp, chunk), jnp.float32))
+        out_specs.append(out(chunk))
     return pl.pallas_call(
         functools.partial(_intra_kernel, chunk=chunk), grid=(b, h, n),
         in_specs=[tok(kdim), tok(kdim), tok(vdim), per_tok, per_tok],

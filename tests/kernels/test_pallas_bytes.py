@@ -1,0 +1,112 @@
+"""What the GDN forward moves through memory: structural checks on the traced program
+(which Pallas calls run, with which outputs), plus value checks that the leaner paths
+compute the same numbers. Tracing only (make_jaxpr) except where values are compared.
+"""
+import numpy as np
+
+import jax
+import jax.numpy as jnp
+
+import kernels.pallas as kp
+from kernels.pallas.intra import gdn_intra
+
+C = 16
+B, T, H, K, V = 1, 37, 2, 32, 32
+
+
+def pallas_calls(closed_jaxpr):
+    """Every pallas_call equation in a jaxpr, including inside custom_vjp/jit bodies."""
+    found = []
+
+    def walk(jaxpr):
+        for eqn in jaxpr.eqns:
+            if eqn.primitive.name == "pallas_call":
+                found.append(eqn)
+            for val in eqn.params.values():
+                for sub in val if isinstance(val, (tuple, list)) else (val,):
+                    if hasattr(sub, "eqns"):
+                        walk(sub)
+                    elif hasattr(getattr(sub, "jaxpr", None), "eqns"):
+                        walk(sub.jaxpr)
+
+    walk(closed_jaxpr.jaxpr)
+    return found
+
+
+def named(eqns, name):
+    return [e for e in eqns if name in str(e.params.get("name", ""))]
+
+
+def outputs(eqn):
+    return [(tuple(v.aval.shape), jnp.dtype(v.aval.dtype)) for v in eqn.outvars]
+
+
+def written_bytes(eqn):
+    return sum(int(np.prod(s)) * d.itemsize for s, d in outputs(eqn))
+
+
+def inputs(seed=0, dtype=jnp.bfloat16):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((B, T, H, K))
+    k = rng.standard_normal((B, T, H, K))
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    v = rng.standard_normal((B, T, H, V))
+    g = np.log(rng.uniform(0.7, 1.0, (B, T, H))).astype(np.float32)
+    beta = rng.uniform(0.0, 1.0, (B, T, H)).astype(np.float32)
+    return (*(jnp.asarray(x, dtype) for x in (q, k, v)), g, beta)
+
+
+def gdn(*args):
+    return kp.gated_delta_rule(*args, chunk_size=C, variant="gpu")
+
+
+def test_forward_without_grad_does_not_write_the_inverse():
+    """X = (I + A)^-1 (float32, (B*H, Tp, C)) is only for the backward: the no-grad
+    forward's preparation kernel has no such output; under jax.grad it has exactly one."""
+    args = inputs()
+    tp = -(-T // C) * C
+    inverse = ((B * H, tp, C), jnp.dtype(jnp.float32))
+
+    fwd = named(pallas_calls(jax.make_jaxpr(gdn)(*args)), "gdn_chunk_prep")
+    assert len(fwd) == 1
+    assert inverse not in outputs(fwd[0])
+
+    loss = lambda *a: jnp.sum(gdn(*a).astype(jnp.float32))  # noqa: E731
+    grad = named(pallas_calls(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(*args)),
+                 "gdn_chunk_prep")
+    assert len(grad) == 1
+    assert outputs(grad[0]).count(inverse) == 1
+    assert len(outputs(grad[0])) == len(outputs(fwd[0])) + 1
+    # the bytes the no-grad preparation saves: exactly X's
+    assert written_bytes(grad[0]) - written_bytes(fwd[0]) == B * H * tp * C * 4
+
+
+def test_intra_kernel_outputs_do_not_depend_on_with_inverse():
+    q, k, v, g, beta = inputs(1, jnp.float32)
+    tp = 48
+    pad = lambda x: jnp.pad(x, [(0, 0), (0, tp - T)] + [(0, 0)] * (x.ndim - 2))  # noqa: E731
+    q, k, v, g, beta = map(pad, (q, k, v, g, beta))
+    big_g = jnp.cumsum(g.reshape(B, tp // C, C, H), axis=2).reshape(B, tp, H)
+    lean = gdn_intra(q, k, v, big_g, beta, chunk=C, with_inverse=False)
+    full = gdn_intra(q, k, v, big_g, beta, chunk=C, with_inverse=True)
+    assert len(full) == len(lean) + 1
+    for a, b in zip(lean, full):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    # and the saved inverse is (I + A)^-1 per chunk, against float64 NumPy
+    x = np.asarray(full[-1], np.float64).reshape(B, H, tp // C, C, C)
+    kk = np.moveaxis(np.asarray(k, np.float64), 2, 1).reshape(B, H, tp // C, C, K)
+    gg = np.moveaxis(np.asarray(big_g, np.float64), 2, 1).reshape(B, H, tp // C, C)
+    bb = np.moveaxis(np.asarray(beta, np.float64), 2, 1).reshape(B, H, tp // C, C)
+    a = bb[..., :, None] * np.exp(gg[..., :, None] - gg[..., None, :]) * (kk @ np.swapaxes(kk, -1, -2))
+    a = np.tril(a, -1)
+    np.testing.assert_allclose(x @ (np.eye(C) + a), np.broadcast_to(np.eye(C), x.shape),
+                               atol=1e-5)
+
+
+def test_no_grad_forward_equals_grad_path_primal():
+    """The lean forward (no X) and the forward under jax.vjp (X written) give the same
+    output bit for bit."""
+    args = inputs(2)
+    lean = jax.jit(gdn)(*args)
+    primal, _ = jax.vjp(gdn, *args)
+    np.testing.assert_array_equal(np.asarray(lean, np.float32), np.asarray(primal, np.float32))
