@@ -2,10 +2,11 @@
 kernels/README.md).
 
 Per chunk (parallel): A_ts = beta_t exp(G_t - G_s) k_t.k_s (s < t); the UT transform
-(I + A) [W, Ut] = diag(beta) [K * gamma, V]; Qg, Kd, P, G_C. On GPU one Pallas kernel
+(I + A) [W, Ut] = diag(beta) [K * gamma, V]; P, G_C. On GPU one Pallas kernel
 (kernels.pallas.intra) does all of it in one pass; its backward, and the whole
 preparation on TPU / in the reference path, is the XLA form below (batched matmuls and a
-triangular solve). Then the sequential kernel forms U = Ut - W S per chunk.
+triangular solve). Then the sequential kernel forms Qg, Kd (from q, k and the in-chunk
+cumulative decay G) and U = Ut - W S per chunk.
 """
 from __future__ import annotations
 
@@ -43,7 +44,7 @@ _known_inverse.defvjp(_known_inverse_fwd, _known_inverse_bwd)
 
 def prep_xla(q, k, v, g, beta, chunk, inverse=None):
     """q, k, v (B,Tp,H,.) input dtype; g, beta (B,Tp,H) float32. Returns the recurrence
-    inputs (w, ut, qg, kd, p) as (B*H, Tp, .) in the input dtype and gcl (B*H, N, 1, 1).
+    inputs (w, ut, p) as (B*H, Tp, .) in the input dtype and gcl (B*H, N, 1, 1).
     inverse: the float32 (I + A)^-1 per chunk as (B*H, Tp, C), when already known."""
     b, tp, h, kdim = q.shape
     c = chunk
@@ -52,7 +53,7 @@ def prep_xla(q, k, v, g, beta, chunk, inverse=None):
     qc, kc, vc = (prep.chunked(x, b, h, n, c) for x in (q, k, v))
     gc, betac = prep.chunked(g, b, h, n, c), prep.chunked(beta, b, h, n, c)
     big_g, dmat, incl = prep.decay_terms(gc)
-    qg, kd, p, gcl = prep.intra_chunk(qc, kc, big_g, dmat, dtype)
+    p, gcl = prep.intra_chunk(qc, kc, dmat, big_g, dtype)
     strict = incl & ~jnp.eye(c, dtype=bool)
     kk = prep.einsum("bhntd,bhnsd->bhnts", kc, kc, dtype=dtype)
     a = jnp.where(strict, betac[..., :, None] * dmat * kk, 0.0)
@@ -65,7 +66,7 @@ def prep_xla(q, k, v, g, beta, chunk, inverse=None):
         inv = _known_inverse(a, inverse.reshape(b, h, n, c, c))
         x = jnp.einsum("bhnts,bhnsd->bhntd", inv, rhs, precision=common.dot_precision(dtype))
     w, ut = x[..., :kdim], x[..., kdim:]
-    return (*(prep.flat(t.astype(dtype)) for t in (w, ut, qg, kd, p)),
+    return (*(prep.flat(t.astype(dtype)) for t in (w, ut, p)),
             gcl.reshape(b * h, n, 1, 1))
 
 
@@ -77,8 +78,7 @@ def prep_pallas(q, k, v, g, beta, chunk):
 
 
 def _prep_pallas(q, k, v, g, beta, chunk, *, with_inverse):
-    b, tp, h, _ = q.shape
-    big_g = jnp.cumsum(g.reshape(b, tp // chunk, chunk, h), axis=2).reshape(b, tp, h)
+    big_g = prep.in_chunk_cumsum(g, chunk)
     return tuple(gdn_intra(q, k, v, big_g, beta, chunk=chunk, with_inverse=with_inverse))
 
 
@@ -120,12 +120,13 @@ def gated_delta_rule(q, k, v, log_alpha, beta, *, initial_state=None, return_sta
     g = common.pad_time(jnp.asarray(log_alpha, jnp.float32), tp)
     bt = common.pad_time(jnp.asarray(beta, jnp.float32), tp)
 
-    parts = (prep_pallas if fused_prep else prep_xla)(q, k, v, g, bt, c)
+    w, ut, p, gcl = (prep_pallas if fused_prep else prep_xla)(q, k, v, g, bt, c)
     s0 = (jnp.zeros((b, h, kdim, vdim), jnp.float32) if initial_state is None
           else jnp.asarray(initial_state, jnp.float32))
     cfg = Config(chunk=c, variant=variant, out_dtype=jnp.dtype(dtype).name,
                  block_v=block_v(kdim, vdim, variant, b * h, block_v_cols))
-    o, st = chunk_recurrence(*parts, s0.reshape(b * h, kdim, vdim), cfg)
+    o, st = chunk_recurrence(w, ut, q, k, p, gcl, prep.in_chunk_cumsum(g, c),
+                             s0.reshape(b * h, kdim, vdim), cfg)
     o = common.from_chunk_major(o, b, h)[:, :t]
     st = st.reshape(b, h, kdim, vdim)
     return (o, st) if return_state else o

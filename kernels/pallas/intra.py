@@ -1,6 +1,7 @@
 """The gated delta rule's per-chunk preparation as one Pallas (Triton) kernel: reads q, k, v
-once in their (B, T, H, D) layout and writes W, Ut, Qg, Kd, P and G_C in the recurrence's
-chunk-major layout, instead of a dozen XLA passes over (C x C) tensors and a batched
+once in their (B, T, H, D) layout and writes W, Ut, P and G_C in the recurrence's
+chunk-major layout (Qg = Q exp(G) and Kd = K exp(G_C - G) are formed inside the
+recurrence kernel from q, k and G, not written here), instead of a dozen XLA passes over (C x C) tensors and a batched
 triangular solve.
 
 One program per (batch, head, chunk). The UT transform X = (I + A)^-1 is built from 16 x 16
@@ -54,14 +55,14 @@ def _unit_lower_inverse(n_mat):
 
 
 def _intra_kernel(q_ref, k_ref, v_ref, g_ref, b_ref,
-                  w_ref, ut_ref, qg_ref, kd_ref, p_ref, gcl_ref, *x_ref, chunk):
+                  w_ref, ut_ref, p_ref, gcl_ref, *x_ref, chunk):
     f32 = jnp.float32
     hi = lax.Precision.HIGHEST
     dt = k_ref.dtype
     prec = common.dot_precision(dt)
     nb = chunk // BS
 
-    # whole-chunk outputs: Qg, Kd, P, G_C
+    # whole-chunk outputs: P, G_C
     q = q_ref[...]
     k = k_ref[...]
     g = g_ref[...]                                        # (C,) inclusive cumsum G
@@ -70,8 +71,6 @@ def _intra_kernel(q_ref, k_ref, v_ref, g_ref, b_ref,
     cols = lax.broadcasted_iota(jnp.int32, (chunk, chunk), 1)
     dmat = jnp.exp(jnp.where(rows >= cols, g[:, None] - g[None, :], -jnp.inf))
     p_ref[...] = (_mm(q, k, tb=True, precision=prec) * dmat).astype(p_ref.dtype)
-    qg_ref[...] = (q.astype(f32) * jnp.exp(g)[:, None]).astype(qg_ref.dtype)
-    kd_ref[...] = (k.astype(f32) * jnp.exp(g_last - g)[:, None]).astype(kd_ref.dtype)
     gcl_ref[...] = g_last[None, :]
 
     # 16-row blocks of K, V, G, beta
@@ -118,7 +117,7 @@ def _intra_kernel(q_ref, k_ref, v_ref, g_ref, b_ref,
 def gdn_intra(q, k, v, big_g, beta, *, chunk, with_inverse=True):
     """q, k (B,Tp,H,K), v (B,Tp,H,V) in one dtype; big_g (in-chunk inclusive cumsum of the
     log-decays) and beta (B,Tp,H) float32. Returns the recurrence inputs
-    (w, ut, qg, kd, p) each (B*H, Tp, .) in the input dtype and gcl (B*H, N, 1, 1), then,
+    (w, ut, p) each (B*H, Tp, .) in the input dtype and gcl (B*H, N, 1, 1), then,
     with_inverse only, the float32 inverse X = (I + A)^-1 per chunk as (B*H, Tp, C): the
     backward's stand-in for the triangular solve, 256 bytes per token and head that a
     forward without gradients need not write."""
@@ -133,11 +132,9 @@ def gdn_intra(q, k, v, big_g, beta, *, chunk, with_inverse=True):
                                  lambda bi, hi, ni: (bi * h + hi, ni, 0))
     out_shapes = [jax.ShapeDtypeStruct((b * h, tp, kdim), dt),
                   jax.ShapeDtypeStruct((b * h, tp, vdim), dt),
-                  jax.ShapeDtypeStruct((b * h, tp, kdim), dt),
-                  jax.ShapeDtypeStruct((b * h, tp, kdim), dt),
                   jax.ShapeDtypeStruct((b * h, tp, chunk), dt),
                   jax.ShapeDtypeStruct((b * h, n, 1, 1), jnp.float32)]
-    out_specs = [out(kdim), out(vdim), out(kdim), out(kdim), out(chunk),
+    out_specs = [out(kdim), out(vdim), out(chunk),
                  pl.BlockSpec((None, None, 1, 1), lambda bi, hi, ni: (bi * h + hi, ni, 0, 0))]
     if with_inverse:
         out_shapes.append(jax.ShapeDtypeStruct((b * h, tp, chunk), jnp.float32))

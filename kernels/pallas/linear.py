@@ -1,6 +1,7 @@
 """(Decayed, optionally normalised) linear attention on the Pallas recurrence.
 
-Per chunk (parallel, XLA): Qg, Kd, P, G_C; the kernel carries S with U = V (no W).
+Per chunk (parallel, XLA): P, G_C; the kernel carries S with U = V (no W) and forms
+Qg, Kd itself from q, k and the in-chunk cumulative decay G (no decay: no exp at all).
 The normaliser z is the same recurrence with a value column of ones; rather than widen
 V by one column (breaking power-of-two tiles), its per-chunk sums go through an
 associative scan over chunks here: (K,) vectors, cheap next to the (K, V) state.
@@ -55,7 +56,7 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None,
         # constant-fold at great compile-time cost for long sequences.
         f32 = jnp.float32
         mask = jnp.tril(jnp.ones((c, c), f32))
-        qg, kd = qc.astype(f32), kc.astype(f32)
+        big_g = None
         p = prep.einsum("bhntd,bhnsd->bhnts", qc, kc, dtype=dtype) * mask
         gcl = jnp.zeros((b, h, n), f32)
     else:
@@ -66,8 +67,9 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None,
             raise ValueError(f"{op}: log_decay must be (heads,) or (batch, time, heads) = "
                              f"{(b, t, h)}, got {g.shape}")
         g = common.pad_time(g, tp)
-        big_g, dmat, _ = prep.decay_terms(prep.chunked(g, b, h, n, c))
-        qg, kd, p, gcl = prep.intra_chunk(qc, kc, big_g, dmat, dtype)
+        big_g = prep.in_chunk_cumsum(g, c)
+        gc, dmat, _ = prep.decay_terms(prep.chunked(g, b, h, n, c))
+        p, gcl = prep.intra_chunk(qc, kc, dmat, gc, dtype)
 
     if normalize:
         if initial_state is None:
@@ -83,11 +85,15 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None,
     out_dtype = jnp.float32 if normalize else dtype
     cfg = Config(chunk=c, variant=variant, out_dtype=jnp.dtype(out_dtype).name,
                  block_v=block_v(f, dv, variant, b * h))
-    o, st = chunk_recurrence(
-        None, prep.flat(vc), *(prep.flat(x.astype(dtype)) for x in (qg, kd, p)),
-        gcl.reshape(b * h, n, 1, 1), s0.reshape(b * h, f, dv), cfg)
+    o, st = chunk_recurrence(None, prep.flat(vc), q, k, prep.flat(p.astype(dtype)),
+                             gcl.reshape(b * h, n, 1, 1), big_g,
+                             s0.reshape(b * h, f, dv), cfg)
     st = st.reshape(b, h, f, dv)
     if normalize:
+        if log_decay is None:
+            qg, kd = qc.astype(jnp.float32), kc.astype(jnp.float32)
+        else:
+            qg, kd = prep.decayed(qc, kc, gc)
         den, z = _normaliser(qg, kd, p, gcl, z0)
         o = o.reshape(b, h, tp, dv) / (den.reshape(b, h, tp)[..., None] + eps)
         o = jnp.moveaxis(o, 1, 2)[:, :t].astype(dtype)

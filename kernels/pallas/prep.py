@@ -43,10 +43,23 @@ def decay_terms(g):
     return big_g, dmat, incl
 
 
-def intra_chunk(qc, kc, big_g, dmat, dtype):
-    """The parts every decayed linear op shares: Qg = Q*gamma, Kd = K*exp(G_C - G),
-    P = (Q K^T) * D, gcl = G_C (float32 each)."""
+def in_chunk_cumsum(g, chunk):
+    """(B, Tp, H) log-decays -> G, their inclusive cumsum within each chunk, same layout
+    (what the recurrence kernel reads to form Qg and Kd itself)."""
+    b, tp, h = g.shape
+    return jnp.cumsum(g.reshape(b, tp // chunk, chunk, h), axis=2).reshape(b, tp, h)
+
+
+def decayed(qc, kc, big_g):
+    """Qg = Q*gamma, Kd = K*exp(G_C - G) (float32), for the XLA-side users (linear
+    attention's normaliser); the recurrence kernel forms its own."""
     qg = qc.astype(jnp.float32) * jnp.exp(big_g)[..., None]
     kd = kc.astype(jnp.float32) * jnp.exp(big_g[..., -1:] - big_g)[..., None]
+    return qg, kd
+
+
+def intra_chunk(qc, kc, dmat, big_g, dtype):
+    """The parts every decayed linear op's preparation writes: P = (Q K^T) * D and
+    gcl = G_C (float32 each)."""
     p = einsum("bhntd,bhnsd->bhnts", qc, kc, dtype=dtype) * dmat
-    return qg, kd, p, big_g[..., -1]
+    return p, big_g[..., -1]

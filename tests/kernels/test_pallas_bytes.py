@@ -110,3 +110,36 @@ def test_no_grad_forward_equals_grad_path_primal():
     lean = jax.jit(gdn)(*args)
     primal, _ = jax.vjp(gdn, *args)
     np.testing.assert_array_equal(np.asarray(lean, np.float32), np.asarray(primal, np.float32))
+
+
+def test_forward_writes_only_w_ut_p_and_recurrence_reads_q_k_in_place():
+    """The preparation writes W, Ut, P (input dtype) and G_C, nothing per token beyond
+    (K + V + C) values; Qg, Kd are formed in the recurrence from q, k, read in their
+    (B, Tp, H, K) layout (no transposed copy) and G (B, Tp, H) float32."""
+    args = inputs()
+    tp = -(-T // C) * C
+    eqns = pallas_calls(jax.make_jaxpr(gdn)(*args))
+    (prep,), (rec,) = named(eqns, "gdn_chunk_prep"), named(eqns, "linear_chunk_fwd")
+    per_token = B * H * tp * (K + V + C) * 2            # bf16 W, Ut, P
+    assert written_bytes(prep) == per_token + B * H * (tp // C) * 4
+    rec_in = [(tuple(v.aval.shape), jnp.dtype(v.aval.dtype)) for v in rec.invars]
+    assert rec_in.count(((B, tp, H, K), jnp.dtype(jnp.bfloat16))) == 2      # q, k
+    assert ((B, tp, H), jnp.dtype(jnp.float32)) in rec_in                   # G
+    assert ((B * H, tp, K), jnp.dtype(jnp.bfloat16)) in rec_in              # W only
+
+
+def test_linear_attention_without_decay_passes_no_decay_to_the_kernel():
+    """No log_decay: the recurrence gets no G input (static: no exp of zeros)."""
+    q, k, v, _, _ = inputs(3)
+
+    def fwd(variant, log_decay):
+        return lambda q, k, v: kp.linear_attention(q, k, v, normalize=False,
+                                                   log_decay=log_decay, chunk_size=C,
+                                                   variant=variant)
+
+    for variant in ("gpu", "tpu"):
+        plain = named(pallas_calls(jax.make_jaxpr(fwd(variant, None))(q, k, v)),
+                      "linear_chunk_fwd")[0]
+        decayed = named(pallas_calls(jax.make_jaxpr(
+            fwd(variant, jnp.full((H,), -0.1)))(q, k, v)), "linear_chunk_fwd")[0]
+        assert len(decayed.invars) == len(plain.invars) + 1
