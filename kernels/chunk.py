@@ -36,25 +36,30 @@ from kernels.common import einsum, masked_exp, segsum, suffix_sum_exclusive
 
 # ----------------------------------------------------------------------------- geometry
 
-def _decay_terms(g, run, prev_run):
+def _decay_terms(g, run, prev_run, dtype=jnp.float32):
     """Decay factors of every chunk.
 
-    g: (B,H,N,C) log-decays; run: (B,N,C) run index; prev_run: (B,N) run open before the
-    chunk. Returns
+    g: (B,H,N,C) log-decays, or None for no decay; run: (B,N,C) run index; prev_run: (B,N)
+    run open before the chunk. Returns
       decay (B,H,N,C,C): e^{L[t,s]} on same-run pairs s <= t, else 0;
       gamma (B,H,N,C): e^{G_t} for tokens still in S_0's run, else 0 (weight of S_0);
       key_weight (B,H,N,C): e^{G_C - G_s} for tokens in the chunk's last run, else 0;
       gamma_end (B,H,N): e^{G_C} if the last token is still in S_0's run, else 0.
+    With g None the same masks as 0/1 in dtype, with a head axis of 1 (they broadcast):
+    no cumsum or exp of zeros for XLA to constant-fold at great cost on long sequences.
     """
     c = run.shape[-1]
     causal = jnp.tril(jnp.ones((c, c), bool))
     same = (run[..., :, None] == run[..., None, :]) & causal  # (B,N,C,C)
+    from_state = (run == prev_run[..., None])[:, None]  # (B,1,N,C)
+    in_last = (run == run[..., -1:])[:, None]
+    if g is None:
+        return tuple(m.astype(dtype) for m in (same[:, None], from_state, in_last,
+                                               from_state[..., -1]))
     decay = masked_exp(same[:, None], segsum(g))
 
-    from_state = (run == prev_run[..., None])[:, None]  # (B,1,N,C)
     g_incl = jnp.cumsum(g, axis=-1)
     gamma = masked_exp(from_state, g_incl)
-    in_last = (run == run[..., -1:])[:, None]
     key_weight = masked_exp(in_last, suffix_sum_exclusive(g))
     gamma_end = masked_exp(from_state[..., -1], g_incl[..., -1])
     return decay, gamma, key_weight, gamma_end
@@ -105,7 +110,7 @@ _solve_unit_lower.defvjp(_solve_unit_lower_fwd, _solve_unit_lower_bwd)
 @jax.checkpoint
 def _linear_prepare(k, v, g, run, prev_run):
     """Each chunk's own contribution to the state, (K * e^{G_C - G})^T V, and e^{G_C}."""
-    _, _, key_weight, gamma_end = _decay_terms(g, run, prev_run)
+    _, _, key_weight, gamma_end = _decay_terms(g, run, prev_run, k.dtype)
     write = einsum("bhncf,bhncd->bhnfd", k * key_weight[..., None], v)
     return write, gamma_end
 
@@ -130,7 +135,7 @@ def _outputs(q, k, values, g, run, prev_run, states):
     """O = (Q * e^G) S_0 + ((Q K^T) * e^L) values, for every chunk at once.
 
     states: (B,H,N,F,Dv), the state entering each chunk."""
-    decay, gamma, _, _ = _decay_terms(g, run, prev_run)
+    decay, gamma, _, _ = _decay_terms(g, run, prev_run, q.dtype)
     scores = einsum("bhntf,bhnsf->bhnts", q, k) * decay
     o = einsum("bhntf,bhnfd->bhntd", q * gamma[..., None], states)
     return o + einsum("bhnts,bhnsd->bhntd", scores, values)
@@ -195,7 +200,7 @@ def _to_chunks(per_token, run, chunk_size):
             x = jnp.pad(x, widths, mode=mode)
         return x.reshape(x.shape[:axis] + (n, c) + x.shape[axis + 1:])
 
-    chunks = [split(x, 2) for x in per_token]
+    chunks = [None if x is None else split(x, 2) for x in per_token]
     run_c = split(run, 1, mode="edge")  # (B,N,C)
     prev_run = jnp.concatenate([jnp.zeros((b, 1), run.dtype), run_c[:, :-1, -1]], axis=1)
     return chunks, run_c, prev_run
@@ -210,7 +215,8 @@ def _from_chunks(o, t):
 # ----------------------------------------------------------------------------- entry points
 
 def linear_attention_chunk(q, k, v, g, run, state, chunk_size):
-    """Head-major inputs (B,H,T,.), run (B,T), state (B,H,F,Dv).
+    """Head-major inputs (B,H,T,.), g (B,H,T) or None (no decay), run (B,T), state
+    (B,H,F,Dv).
 
     Returns (o (B,H,T,Dv), final state). The normaliser is the caller's column of ones."""
     t = q.shape[2]
