@@ -7,6 +7,8 @@
 # command runs out of time.
 #
 #   bash eval/h200_sweeps.sh "GPU NAME CONFIG SOFT HARD [eval.compare flags...] ; NAME ..." ...
+# A stage "wait FILE SOFT HARD" holds its lane until FILE exists (e.g. a benchmark that
+# needs the GPU alone has finished) or SOFT seconds have passed.
 #   bash eval/h200_sweeps.sh \
 #     "0 shakespeare configs/compare_shakespeare.py 480 540 --shard=0/2 --config.overrides.data.files=runs/data/input.txt" \
 #     "0 mqar configs/compare_mqar.py:h200 480 540"
@@ -48,6 +50,7 @@ snapshot() {  # everything but checkpoints, atomically replaced
 
 run_lane() {  # $1 = lane number, $2 = "GPU stage ; stage ; ..."
   local n=$1 gpu=${2%% *} stages=${2#* } log="$W/logs/lane$1.txt"
+  mkdir -p "$W/logs"
   export CUDA_VISIBLE_DEVICES=$gpu
   XLA_PYTHON_CLIENT_MEM_FRACTION=$(python3 -c "print(round(0.9 / ${PER_GPU[$gpu]}, 2))")
   export XLA_PYTHON_CLIENT_MEM_FRACTION
@@ -55,6 +58,12 @@ run_lane() {  # $1 = lane number, $2 = "GPU stage ; stage ; ..."
   for stage in "${list[@]}"; do
     read -r name config soft hard extra <<<"$stage"
     local now=$(( $(date +%s) - T0 ))
+    if [[ $name == wait ]]; then  # "wait FILE SOFT HARD": until FILE exists (another job
+      # on this GPU is done) or SOFT seconds have passed
+      while [[ ! -e $config ]] && (( $(date +%s) - T0 < soft )); do sleep 2; done
+      echo "=== $(date -u +%T) lane $n: waited for $config" | tee -a "$log"
+      continue
+    fi
     if (( hard - now < 45 )); then
       echo "=== lane $n: skip $name (hard deadline ${hard}s, now ${now}s)" | tee -a "$log"
       continue

@@ -85,7 +85,12 @@ class LanguageModel(nnx.Module):
         return self.cfg.layer_mixers()
 
     def _embed(self, tokens):
-        return self.embed(tokens).astype(jnp.float32)  # float32 residual stream
+        # Gathered from the float32 table straight into the float32 residual stream. (Through
+        # nnx.Embed in the bf16 compute dtype the gradient is a bf16 scatter-add: thousands of
+        # updates to one row - MQAR's filler token, a space - lose their precision, and on
+        # GPU they contend for 16-bit atomics; float32 adds are exact-er and native.)
+        table = self.embed.embedding[...]
+        return jnp.take(table, tokens, axis=0).astype(jnp.float32)
 
     def _logits(self, x):
         x = self.final_norm(x)
