@@ -27,8 +27,10 @@ def train_config(with_text: bool = True):
 
   c = niah.get_config()
   c.data.source = "mixture"
-  comps = {"passkey": {"source": "niah", "niah_kind": "passkey", "weight": 1.0},
-           "multikey": {"source": "niah", "niah_kind": "multikey", "weight": 1.0}}
+  comps = {"passkey": {"source": "niah", "niah_kind": "passkey", "weight": 1.0,
+                       "loss_weight": 1.0},
+           "multikey": {"source": "niah", "niah_kind": "multikey", "weight": 1.0,
+                        "loss_weight": 1.0}}
   if with_text:
     comps = {"text": {"source": "files", "weight": 2.0}, **comps}
   c.data.components = comps

@@ -24,7 +24,7 @@ from data.base import BATCH_KEYS, Dataset, cfg_get
 from data.order import derive_seed, step_rng
 
 TEXT_SOURCES = ("files", "hf", "tfds")
-_NOT_INHERITED = ("source", "components", "weight")
+_NOT_INHERITED = ("source", "components", "weight", "loss_weight")
 
 
 def component_configs(cfg: Mapping) -> list[tuple[str, dict, float]]:
@@ -54,6 +54,11 @@ def component_configs(cfg: Mapping) -> list[tuple[str, dict, float]]:
         weight = float(sub.get("weight", 1.0))
         if not np.isfinite(weight) or weight < 0:
             raise ValueError(f"mixture component {name!r} has weight {weight}; use a number >= 0")
+        loss_weight = float(sub.get("loss_weight", 1.0))
+        if not np.isfinite(loss_weight) or loss_weight <= 0:
+            raise ValueError(f"mixture component {name!r} has loss_weight {loss_weight}; use "
+                             "a number > 0")
+        merged["loss_weight"] = loss_weight
         out.append((name, merged, weight))
     lens = {m.get("seq_len") for _, m, _ in out}
     if len(lens) != 1:
@@ -73,6 +78,10 @@ class MixtureDataset(Dataset):
         specs = component_configs(cfg)
         self.names = [n for n, _, _ in specs]
         weights = np.array([w for _, _, w in specs], np.float64)
+        # A component's loss_weight multiplies its loss mask: the loss is the mask-weighted
+        # mean, so a task whose loss covers 5 answer tokens of 512 can count as much as a
+        # row of text (whose mask covers every token).
+        self.loss_weights = [m["loss_weight"] for _, m, _ in specs]
         self.weights = weights / weights.sum()
         self.components: dict[str, Dataset] = {}
         tok = None
@@ -110,6 +119,8 @@ class MixtureDataset(Dataset):
             if not len(rows):
                 continue
             sub = self.components[name].batch(step, len(rows), split)
+            if self.loss_weights[c] != 1.0:
+                sub = {**sub, "mask": sub["mask"] * np.float32(self.loss_weights[c])}
             for k in BATCH_KEYS:
                 if out[k] is None:
                     out[k] = np.zeros((batch_size,) + sub[k].shape[1:], sub[k].dtype)

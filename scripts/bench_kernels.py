@@ -395,6 +395,10 @@ def main():
 
 
 def git_commit():
+    """The code's commit: $BENCH_COMMIT if set (a copied tree may carry a stale .git),
+    else git's HEAD."""
+    if os.environ.get("BENCH_COMMIT"):
+        return os.environ["BENCH_COMMIT"]
     try:
         import subprocess
         return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,

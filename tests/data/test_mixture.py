@@ -107,3 +107,22 @@ def test_two_niah_tasks_share_their_special_ids():
     assert p.base_vocab == m.base_vocab == 256
     b = ds.batch(0, 16)
     assert ((b["inputs"] == 257).sum(axis=1) == 1).all()  # one [Q] per row, same id
+
+
+def test_loss_weight_scales_only_its_components_mask(tmp_path):
+    """loss_weight multiplies a component's loss mask; everything else is unchanged."""
+    cfg = mixture_cfg(tmp_path)
+    plain = data.build(cfg, seed=3).batch(5, 32)
+    cfg["components"]["niah"]["loss_weight"] = 40.0
+    weighted = data.build(cfg, seed=3)
+    b = weighted.batch(5, 32)
+    niah = weighted.choose(5, 32, "train") == 2
+    assert niah.any() and (~niah).any()
+    np.testing.assert_array_equal(b["mask"][niah], 40.0 * plain["mask"][niah])
+    np.testing.assert_array_equal(b["mask"][~niah], plain["mask"][~niah])
+    for k in ("inputs", "targets", "segment_ids"):
+        np.testing.assert_array_equal(b[k], plain[k])
+    for bad in (0.0, -1.0, float("nan")):
+        cfg["components"]["niah"]["loss_weight"] = bad
+        with pytest.raises(ValueError, match="loss_weight"):
+            data.build(cfg, seed=3)
