@@ -11,6 +11,7 @@ cumulative decay G) and U = Ut - W S per chunk.
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -18,7 +19,15 @@ from jax import lax
 
 from kernels.pallas import common, prep
 from kernels.pallas.intra import gdn_intra
+from kernels.pallas.intra_bwd import gdn_intra_bwd
 from kernels.pallas.recurrence import Config, block_v, chunk_recurrence
+
+# Backward of the fused (Pallas) preparation: "xla" = autodiff of prep_xla with the saved
+# inverse (batched XLA matmuls), "pallas" = the one-pass kernel kernels.pallas.intra_bwd.
+# Read when the backward is traced; "xla" stays the default until "pallas" is measured
+# on the GPU. Set by the environment (KERNELS_GDN_PREP_BWD) or by assigning this name.
+PREP_BWD_CHOICES = ("xla", "pallas")
+PREP_BWD = os.environ.get("KERNELS_GDN_PREP_BWD", "xla")
 
 
 @jax.custom_vjp
@@ -89,8 +98,17 @@ def _prep_fwd(q, k, v, g, beta, chunk):
 
 def _prep_bwd(chunk, res, cts):
     *inputs, inverse = res
-    _, pull = jax.vjp(lambda *a: prep_xla(*a, chunk, inverse), *inputs)
-    return pull(cts)
+    if PREP_BWD == "xla":
+        _, pull = jax.vjp(lambda *a: prep_xla(*a, chunk, inverse), *inputs)
+        return pull(cts)
+    if PREP_BWD != "pallas":
+        raise ValueError(f"kernels.pallas.gdn.PREP_BWD (env KERNELS_GDN_PREP_BWD) is "
+                         f"{PREP_BWD!r}; valid: {PREP_BWD_CHOICES}")
+    q, k, v, g, beta = inputs
+    dq, dk, dv, dbig_g, dbeta = gdn_intra_bwd(q, k, v, prep.in_chunk_cumsum(g, chunk), beta,
+                                              inverse, *cts, chunk=chunk)
+    # G = in-chunk cumsum of g, so dg is the reverse in-chunk cumsum of dG
+    return dq, dk, dv, prep.in_chunk_cumsum(dbig_g, chunk, reverse=True), dbeta
 
 
 prep_pallas.defvjp(_prep_fwd, _prep_bwd)

@@ -7,6 +7,7 @@ Layout inside: (B, H, N, C, D), chunk n holding tokens n*C .. n*C+C-1; computed 
 from __future__ import annotations
 
 import jax.numpy as jnp
+from jax import lax
 
 from kernels.pallas import common
 
@@ -43,11 +44,13 @@ def decay_terms(g):
     return big_g, dmat, incl
 
 
-def in_chunk_cumsum(g, chunk):
+def in_chunk_cumsum(g, chunk, reverse=False):
     """(B, Tp, H) log-decays -> G, their inclusive cumsum within each chunk, same layout
-    (what the recurrence kernel reads to form Qg and Kd itself)."""
+    (what the recurrence kernel reads to form Qg and Kd itself). reverse: the sum from
+    each token to its chunk's end (the transpose: dg from dG)."""
     b, tp, h = g.shape
-    return jnp.cumsum(g.reshape(b, tp // chunk, chunk, h), axis=2).reshape(b, tp, h)
+    return lax.cumsum(g.reshape(b, tp // chunk, chunk, h), axis=2,
+                      reverse=reverse).reshape(b, tp, h)
 
 
 def decayed(qc, kc, big_g):

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 
 import kernels.pallas as kp
+from kernels.pallas import gdn as kp_gdn
 
 C = 16
 SLOW = pytest.mark.slow
@@ -33,6 +34,17 @@ def cases(fast_gpu, all_cases):
         out.append(pytest.param("tpu", *case))
         marks = () if case in fast_gpu else (SLOW,)
         out.append(pytest.param("gpu", *case, marks=marks))
+    return out
+
+
+def with_prep_bwd(params):
+    """GDN cases x the fused preparation's backward (kernels.pallas.gdn.PREP_BWD): the
+    "gpu" program (fused Pallas preparation) runs each case with both backwards, with the
+    case's marks; the "tpu" program differentiates the XLA preparation, so one run."""
+    out = []
+    for p in params:
+        for bwd in (kp_gdn.PREP_BWD_CHOICES if p.values[0] == "gpu" else ("xla",)):
+            out.append(pytest.param(*p.values, bwd, marks=p.marks))
     return out
 
 
@@ -120,9 +132,10 @@ def gdn_inputs(seed, b, t, h, kd, vd, beta_mode="random"):
 
 # ----------------------------------------------------------------------------- gated delta rule
 
-@pytest.mark.parametrize("variant,t,beta_mode", cases(
-    [(37, "random")], [(37, "random"), (1, "random"), (32, "edges")]))
-def test_gdn_forward_and_grads_match_float64(variant, t, beta_mode):
+@pytest.mark.parametrize("variant,t,beta_mode,prep_bwd", with_prep_bwd(cases(
+    [(37, "random")], [(37, "random"), (1, "random"), (32, "edges")])))
+def test_gdn_forward_and_grads_match_float64(variant, t, beta_mode, prep_bwd, monkeypatch):
+    monkeypatch.setattr(kp_gdn, "PREP_BWD", prep_bwd)
     q, k, v, g, beta, s0 = gdn_inputs(t, 2, t, 2, 16, 32, beta_mode)
     o, st = kp.gated_delta_rule(q, k, v, g, beta, initial_state=s0, return_state=True,
                                 chunk_size=C, variant=variant)

@@ -1,0 +1,155 @@
+"""Backward of the gated delta rule's per-chunk preparation (kernels.pallas.intra) as one
+Pallas (Triton) kernel: the vector-Jacobian product of
+
+    A  = strict_lower(beta_t exp(G_t - G_s) k_t.k_s),   X = (I + A)^-1
+    W  = X Rk,  Rk = diag(beta gamma) K   (gamma = exp(G))
+    Ut = X Rv,  Rv = diag(beta) V
+    P  = (Q K^T) * D,  D_ts = exp(G_t - G_s) (s <= t),   G_C = G_{C-1}
+
+with the forward's saved float32 X, so no triangular solve. One program per
+(batch, head, chunk), whole-chunk tiles (C x C and C x D dots, C, D powers of two >= 16),
+float32 accumulation. Per chunk (all products float32-accumulated):
+
+    dRk = X^T dW,  dRv = X^T dUt,  dX = dW Rk^T + dUt Rv^T
+    dA  = -X^T dX X^T on the strict lower triangle (only there does A vary; X^T dX X^T
+          there needs only dX's strict lower part, so dX's upper part is harmless)
+    dKK = beta_t D_ts dA_ts           (A's dependence on K K^T)
+    dQK = dP * D                      (P's dependence on Q K^T)
+    dq  = dQK K
+    dk  = dQK^T Q + (dKK + dKK^T) K + beta gamma dRk
+    dv  = beta dRv
+    dbeta_t = sum_s dA_ts D_ts KK_ts + gamma_t <dRk_t, k_t> + <dRv_t, v_t>
+    dG  = rowsum(M) - colsum(M) + beta gamma <dRk, k>  (+ dG_C on the last row),
+          M = beta_t dA_ts D_ts KK_ts + dP_ts P_ts   (d exp(G_t - G_s) = D (dG_t - dG_s))
+
+dG is the cotangent of the in-chunk cumulative sum G; the caller (kernels.pallas.gdn)
+turns it into that of the per-token log-decays by a reverse cumsum within each chunk.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from kernels.pallas import common
+
+NUM_WARPS = 4  # Triton warps per program (as gdn_intra; a tuning knob, not yet measured)
+
+
+def _mm(a, b, *, ta=False, tb=False, precision=None):
+    """a @ b with optional transposes, accumulated in float32."""
+    dims = (((0,) if ta else (1,), (1,) if tb else (0,)), ((), ()))
+    return lax.dot_general(a, b, dims, precision=precision,
+                           preferred_element_type=jnp.float32)
+
+
+def _intra_bwd_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, x_ref,
+                      dw_ref, dut_ref, dp_ref, dgcl_ref,
+                      dq_ref, dk_ref, dv_ref, dg_ref, db_ref, *, chunk):
+    f32 = jnp.float32
+    dt = k_ref.dtype
+    # input-dtype operands: the forward's precision; float32 X products: full float32 for
+    # float32 inputs, TF32 on the GPU for bf16/fp16 ones (X's entries need more than bf16)
+    prec = common.dot_precision(dt)
+
+    q = q_ref[...]
+    k = k_ref[...]
+    v = v_ref[...]
+    g = g_ref[...]                                         # (C,) in-chunk cumsum G
+    beta = b_ref[...]                                      # (C,)
+    x = x_ref[...]                                         # (C, C) float32 (I + A)^-1
+    dw = dw_ref[...]
+    dut = dut_ref[...]
+
+    rows = lax.broadcasted_iota(jnp.int32, (chunk, chunk), 0)
+    cols = lax.broadcasted_iota(jnp.int32, (chunk, chunk), 1)
+    # mask before exp: above the diagonal G_t - G_s > 0 could overflow
+    dmat = jnp.exp(jnp.where(rows >= cols, g[:, None] - g[None, :], -jnp.inf))
+    gam = jnp.exp(g)
+    bg = beta * gam
+
+    # W = X Rk, Ut = X Rv (the forward multiplies X and R in the input dtype)
+    rk = (k.astype(f32) * bg[:, None]).astype(dt)
+    rv = (v.astype(f32) * beta[:, None]).astype(dt)
+    xd = x.astype(dt)
+    drk = _mm(xd, dw, ta=True, precision=prec)             # (C, K)
+    drv = _mm(xd, dut, ta=True, precision=prec)            # (C, V)
+    dx = _mm(dw, rk, tb=True, precision=prec) + _mm(dut, rv, tb=True, precision=prec)
+
+    # X = (I + A)^-1: dA = -X^T dX X^T, where A varies (strictly below the diagonal)
+    da = -_mm(_mm(x, dx, ta=True, precision=prec), x, tb=True, precision=prec)
+    da = jnp.where(rows > cols, da, 0.0)
+    kk = _mm(k, k, tb=True, precision=prec)
+    dad = da * dmat
+    dkk = dad * beta[:, None]                              # dL/d(K K^T) through A
+    fa = dad * kk                                          # dL/d(beta_t) terms, per (t, s)
+
+    # P = (Q K^T) * D
+    qk = _mm(q, k, tb=True, precision=prec)
+    dqk = dp_ref[...].astype(f32) * dmat                   # dmat is 0 above the diagonal
+    m = fa * beta[:, None] + dqk * qk                      # dL/dD_ts * D_ts
+
+    dkk_c, dqk_c = dkk.astype(dt), dqk.astype(dt)
+    dq = _mm(dqk_c, k, precision=prec)
+    dk = (_mm(dqk_c, q, ta=True, precision=prec) + _mm(dkk_c, k, precision=prec)
+          + _mm(dkk_c, k, ta=True, precision=prec) + drk * bg[:, None])
+    dv = drv * beta[:, None]
+
+    rk_k = jnp.sum(drk * k.astype(f32), axis=1) * gam      # <dRk_t, k_t> gamma_t
+    db = jnp.sum(fa, axis=1) + rk_k + jnp.sum(drv * v.astype(f32), axis=1)
+    last = lax.broadcasted_iota(jnp.int32, (chunk,), 0) == chunk - 1
+    dgcl = jnp.sum(dgcl_ref[...], axis=0)                  # (1,): dL/dG_C = dL/dG_{C-1}
+    dg = (jnp.sum(m, axis=1) - jnp.sum(m, axis=0) + beta * rk_k
+          + jnp.where(last, dgcl, 0.0))
+
+    dq_ref[...] = dq.astype(dq_ref.dtype)
+    dk_ref[...] = dk.astype(dk_ref.dtype)
+    dv_ref[...] = dv.astype(dv_ref.dtype)
+    dg_ref[...] = dg
+    db_ref[...] = db
+
+
+def gdn_intra_bwd(q, k, v, big_g, beta, inverse, dw, dut, dp, dgcl, *, chunk):
+    """VJP of gdn_intra's (w, ut, p, gcl) (the same function as gdn.prep_xla with the
+    in-chunk cumsum G given) from the saved float32 inverse.
+
+    q, k (B,Tp,H,K), v (B,Tp,H,V) in one dtype; big_g, beta (B,Tp,H) float32; inverse
+    (B*H, Tp, C) float32 (gdn_intra's with_inverse output); dw (B*H,Tp,K), dut (B*H,Tp,V),
+    dp (B*H,Tp,C) and dgcl (B*H,N,1,1): the cotangents of gdn_intra's outputs.
+    Returns dq, dk (B,Tp,H,K) and dv (B,Tp,H,V) in the input dtype, and dG (w.r.t.
+    big_g), dbeta (B,Tp,H) float32."""
+    b, tp, h, kdim = q.shape
+    vdim = v.shape[-1]
+    n = tp // chunk
+    dt = q.dtype
+    for name, arr, shape in (("inverse", inverse, (b * h, tp, chunk)),
+                             ("dw", dw, (b * h, tp, kdim)), ("dut", dut, (b * h, tp, vdim)),
+                             ("dp", dp, (b * h, tp, chunk)), ("dgcl", dgcl, (b * h, n, 1, 1))):
+        if tuple(arr.shape) != shape:
+            raise ValueError(f"gdn_intra_bwd: {name} has shape {tuple(arr.shape)}, "
+                             f"expected {shape} (gdn_intra's layout for chunk={chunk})")
+    tok = lambda d: pl.BlockSpec((None, chunk, None, d),  # noqa: E731
+                                 lambda bi, hi, ni: (bi, ni, hi, 0))
+    per_tok = pl.BlockSpec((None, chunk, None), lambda bi, hi, ni: (bi, ni, hi))
+    flat = lambda d: pl.BlockSpec((None, chunk, d),  # noqa: E731
+                                  lambda bi, hi, ni: (bi * h + hi, ni, 0))
+    scalar = pl.BlockSpec((None, None, 1, 1), lambda bi, hi, ni: (bi * h + hi, ni, 0, 0))
+    out_shapes = [jax.ShapeDtypeStruct((b, tp, h, kdim), dt),
+                  jax.ShapeDtypeStruct((b, tp, h, kdim), dt),
+                  jax.ShapeDtypeStruct((b, tp, h, vdim), dt),
+                  jax.ShapeDtypeStruct((b, tp, h), jnp.float32),
+                  jax.ShapeDtypeStruct((b, tp, h), jnp.float32)]
+    return pl.pallas_call(
+        functools.partial(_intra_bwd_kernel, chunk=chunk), grid=(b, h, n),
+        in_specs=[tok(kdim), tok(kdim), tok(vdim), per_tok, per_tok, flat(chunk),
+                  flat(kdim), flat(vdim), flat(chunk), scalar],
+        out_specs=[tok(kdim), tok(kdim), tok(vdim), per_tok, per_tok],
+        out_shape=out_shapes, interpret=common.interpret(),
+        compiler_params=common.compiler_params("gpu", num_warps=NUM_WARPS, num_stages=1),
+        name="gdn_chunk_prep_bwd")(
+            q, k, v, jnp.asarray(big_g, jnp.float32), jnp.asarray(beta, jnp.float32),
+            inverse, dw.astype(dt), dut.astype(dt), dp.astype(dt),
+            jnp.asarray(dgcl, jnp.float32))
