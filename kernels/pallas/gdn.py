@@ -3,10 +3,12 @@ kernels/README.md).
 
 Per chunk (parallel): A_ts = beta_t exp(G_t - G_s) k_t.k_s (s < t); the UT transform
 (I + A) [W, Ut] = diag(beta) [K * gamma, V]; P, G_C. On GPU one Pallas kernel
-(kernels.pallas.intra) does all of it in one pass; its backward, and the whole
-preparation on TPU / in the reference path, is the XLA form below (batched matmuls and a
-triangular solve). Then the sequential kernel forms Qg, Kd (from q, k and the in-chunk
-cumulative decay G) and U = Ut - W S per chunk.
+(kernels.pallas.intra) does all of it in one pass; its backward is either autodiff of
+the XLA form below with the kernel's saved inverse, or the Pallas kernel
+kernels.pallas.intra_bwd (PREP_BWD). On TPU / in the reference path the whole preparation
+is the XLA form below (batched matmuls and a triangular solve). Then the sequential
+kernel forms Qg, Kd (from q, k and the in-chunk cumulative decay G) and U = Ut - W S per
+chunk.
 """
 from __future__ import annotations
 
@@ -24,8 +26,9 @@ from kernels.pallas.recurrence import Config, block_v, chunk_recurrence
 
 # Backward of the fused (Pallas) preparation: "xla" = autodiff of prep_xla with the saved
 # inverse (batched XLA matmuls), "pallas" = the one-pass kernel kernels.pallas.intra_bwd.
-# Read when the backward is traced; "xla" stays the default until "pallas" is measured
-# on the GPU. Set by the environment (KERNELS_GDN_PREP_BWD) or by assigning this name.
+# Read when the backward is traced (set it before jit traces a gradient: a cached trace
+# keeps its choice); "xla" stays the default until "pallas" is measured on the GPU. Set
+# by the environment (KERNELS_GDN_PREP_BWD=pallas) or by assigning this name.
 PREP_BWD_CHOICES = ("xla", "pallas")
 PREP_BWD = os.environ.get("KERNELS_GDN_PREP_BWD", "xla")
 
@@ -81,7 +84,8 @@ def prep_xla(q, k, v, g, beta, chunk, inverse=None):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(5,))
 def prep_pallas(q, k, v, g, beta, chunk):
-    """prep_xla computed by the one-pass Pallas kernel; backward through prep_xla.
+    """prep_xla computed by the one-pass Pallas kernel; backward (PREP_BWD) through
+    prep_xla or by the Pallas kernel gdn_intra_bwd, both from the saved inverse X.
     Without a gradient (this primal) the kernel skips writing the inverse X."""
     return _prep_pallas(q, k, v, g, beta, chunk, with_inverse=False)
 

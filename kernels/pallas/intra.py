@@ -13,9 +13,10 @@ Within a 16-token block |A_ts| <= beta_t |k_t.k_s| <= 1 for unit keys, so the po
 small enough for float32 (the product form would lose digits only for near-identical
 keys with beta ~ 1 and no decay over many tokens, which the 16-token blocks cap).
 
-Backward: kernels.pallas.gdn wraps this in a custom VJP whose backward is autodiff of the
-XLA preparation (the same function) with the saved X standing in for the triangular
-solve (dA = -X^T dX X^T), so the backward is batched matmuls only.
+Backward: kernels.pallas.gdn wraps this in a custom VJP whose backward (gdn.PREP_BWD) is
+either autodiff of the XLA preparation (the same function) with the saved X standing in
+for the triangular solve (dA = -X^T dX X^T), batched matmuls only ("xla"), or the one-pass
+kernel kernels.pallas.intra_bwd from the same saved X ("pallas").
 """
 from __future__ import annotations
 

@@ -16,7 +16,7 @@ float32 accumulation. Per chunk (all products float32-accumulated):
     dKK = beta_t D_ts dA_ts           (A's dependence on K K^T)
     dQK = dP * D                      (P's dependence on Q K^T)
     dq  = dQK K
-    dk  = dQK^T Q + (dKK + dKK^T) K + beta gamma dRk
+    dk  = (dKK + dKK^T) K + beta gamma dRk + dQK^T Q
     dv  = beta dRv
     dbeta_t = sum_s dA_ts D_ts KK_ts + gamma_t <dRk_t, k_t> + <dRv_t, v_t>
     dG  = rowsum(M) - colsum(M) + beta gamma <dRk, k>  (+ dG_C on the last row),
@@ -36,7 +36,7 @@ from jax.experimental import pallas as pl
 
 from kernels.pallas import common
 
-NUM_WARPS = 4  # Triton warps per program (as gdn_intra; a tuning knob, not yet measured)
+NUM_WARPS = 8  # Triton warps per program: no register spills at C64 D128 (4 spill); not timed
 
 
 def _mm(a, b, *, ta=False, tb=False, precision=None):
@@ -55,61 +55,65 @@ def _intra_bwd_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, x_ref,
     # float32 inputs, TF32 on the GPU for bf16/fp16 ones (X's entries need more than bf16)
     prec = common.dot_precision(dt)
 
-    q = q_ref[...]
-    k = k_ref[...]
-    v = v_ref[...]
     g = g_ref[...]                                         # (C,) in-chunk cumsum G
     beta = b_ref[...]                                      # (C,)
     x = x_ref[...]                                         # (C, C) float32 (I + A)^-1
-    dw = dw_ref[...]
-    dut = dut_ref[...]
-
-    rows = lax.broadcasted_iota(jnp.int32, (chunk, chunk), 0)
-    cols = lax.broadcasted_iota(jnp.int32, (chunk, chunk), 1)
-    # mask before exp: above the diagonal G_t - G_s > 0 could overflow
-    dmat = jnp.exp(jnp.where(rows >= cols, g[:, None] - g[None, :], -jnp.inf))
+    xd = x.astype(dt)
     gam = jnp.exp(g)
     bg = beta * gam
+    # Ordered so that few (C, D) float32 tiles are live at once (Triton keeps them in
+    # registers; this order compiles without spills at 8 warps, C64 D128): dV, then dX
+    # (which needs no X^T dW), dA and its (C, C) terms, then dRk = X^T dW, then P's.
 
-    # W = X Rk, Ut = X Rv (the forward multiplies X and R in the input dtype)
-    rk = (k.astype(f32) * bg[:, None]).astype(dt)
-    rv = (v.astype(f32) * beta[:, None]).astype(dt)
-    xd = x.astype(dt)
-    drk = _mm(xd, dw, ta=True, precision=prec)             # (C, K)
+    # Ut = X Rv (the forward multiplies X and R in the input dtype)
+    v = v_ref[...]
+    dut = dut_ref[...]
     drv = _mm(xd, dut, ta=True, precision=prec)            # (C, V)
-    dx = _mm(dw, rk, tb=True, precision=prec) + _mm(dut, rv, tb=True, precision=prec)
+    dv_ref[...] = (drv * beta[:, None]).astype(dv_ref.dtype)
+    db = jnp.sum(drv * v.astype(f32), axis=1)
+    rv = (v.astype(f32) * beta[:, None]).astype(dt)
+    dx = _mm(dut, rv, tb=True, precision=prec)
+    # W = X Rk
+    k = k_ref[...]
+    rk = (k.astype(f32) * bg[:, None]).astype(dt)
+    dx = dx + _mm(dw_ref[...], rk, tb=True, precision=prec)
 
     # X = (I + A)^-1: dA = -X^T dX X^T, where A varies (strictly below the diagonal)
+    rows = lax.broadcasted_iota(jnp.int32, (chunk, chunk), 0)
+    cols = lax.broadcasted_iota(jnp.int32, (chunk, chunk), 1)
     da = -_mm(_mm(x, dx, ta=True, precision=prec), x, tb=True, precision=prec)
     da = jnp.where(rows > cols, da, 0.0)
+    # mask before exp: above the diagonal G_t - G_s > 0 could overflow
+    dmat = jnp.exp(jnp.where(rows >= cols, g[:, None] - g[None, :], -jnp.inf))
     kk = _mm(k, k, tb=True, precision=prec)
     dad = da * dmat
-    dkk = dad * beta[:, None]                              # dL/d(K K^T) through A
     fa = dad * kk                                          # dL/d(beta_t) terms, per (t, s)
+    db = db + jnp.sum(fa, axis=1)
+    # dL/dD_ts * D_ts, through exp(G_t - G_s): + to row t, - to column s
+    ma = fa * beta[:, None]
+    dg = jnp.sum(ma, axis=1) - jnp.sum(ma, axis=0)
+    dkk = dad * beta[:, None]                              # dL/d(K K^T) through A
+    dk = _mm((dkk + dkk.T).astype(dt), k, precision=prec)
+
+    # dRk = X^T dW (dw read again: cheaper than keeping it and dRk live through dA)
+    drk = _mm(xd, dw_ref[...], ta=True, precision=prec)    # (C, K)
+    dk = dk + drk * bg[:, None]
+    rk_k = jnp.sum(drk * k.astype(f32), axis=1) * gam      # <dRk_t, k_t> gamma_t
+    db_ref[...] = db + rk_k
 
     # P = (Q K^T) * D
+    q = q_ref[...]
     qk = _mm(q, k, tb=True, precision=prec)
     dqk = dp_ref[...].astype(f32) * dmat                   # dmat is 0 above the diagonal
-    m = fa * beta[:, None] + dqk * qk                      # dL/dD_ts * D_ts
-
-    dkk_c, dqk_c = dkk.astype(dt), dqk.astype(dt)
-    dq = _mm(dqk_c, k, precision=prec)
-    dk = (_mm(dqk_c, q, ta=True, precision=prec) + _mm(dkk_c, k, precision=prec)
-          + _mm(dkk_c, k, ta=True, precision=prec) + drk * bg[:, None])
-    dv = drv * beta[:, None]
-
-    rk_k = jnp.sum(drk * k.astype(f32), axis=1) * gam      # <dRk_t, k_t> gamma_t
-    db = jnp.sum(fa, axis=1) + rk_k + jnp.sum(drv * v.astype(f32), axis=1)
+    dqk_c = dqk.astype(dt)
+    dq_ref[...] = _mm(dqk_c, k, precision=prec).astype(dq_ref.dtype)
+    dk = dk + _mm(dqk_c, q, ta=True, precision=prec)
+    dk_ref[...] = dk.astype(dk_ref.dtype)
+    mp = dqk * qk
     last = lax.broadcasted_iota(jnp.int32, (chunk,), 0) == chunk - 1
     dgcl = jnp.sum(dgcl_ref[...], axis=0)                  # (1,): dL/dG_C = dL/dG_{C-1}
-    dg = (jnp.sum(m, axis=1) - jnp.sum(m, axis=0) + beta * rk_k
-          + jnp.where(last, dgcl, 0.0))
-
-    dq_ref[...] = dq.astype(dq_ref.dtype)
-    dk_ref[...] = dk.astype(dk_ref.dtype)
-    dv_ref[...] = dv.astype(dv_ref.dtype)
-    dg_ref[...] = dg
-    db_ref[...] = db
+    dg_ref[...] = (dg + jnp.sum(mp, axis=1) - jnp.sum(mp, axis=0) + beta * rk_k
+                   + jnp.where(last, dgcl, 0.0))
 
 
 def gdn_intra_bwd(q, k, v, big_g, beta, inverse, dw, dut, dp, dgcl, *, chunk):
