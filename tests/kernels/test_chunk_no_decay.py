@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 from kernels import chunk
 from kernels.common import run_ids
+from tests.kernels.jaxprs import equations
 
 B, H, T, F, DV, C = 2, 2, 37, 8, 4, 16
 
@@ -71,19 +72,8 @@ def test_no_decay_gradients_match_zero_decay_path():
 def test_no_decay_traces_no_cumsum_or_exp():
     q, k, v, s0, _ = inputs(3)
     run = jnp.zeros((B, T), jnp.int32)
-    prims = set()
-
-    def walk(jaxpr):
-        for eqn in jaxpr.eqns:
-            prims.add(eqn.primitive.name)
-            for val in eqn.params.values():
-                for sub in val if isinstance(val, (tuple, list)) else (val,):
-                    if hasattr(sub, "eqns"):
-                        walk(sub)
-                    elif hasattr(getattr(sub, "jaxpr", None), "eqns"):
-                        walk(sub.jaxpr)
-
-    walk(jax.make_jaxpr(lambda *a: chunk.linear_attention_chunk(*a, None, run, s0, C))(
-        q, k, v).jaxpr)
+    jaxpr = jax.make_jaxpr(lambda *a: chunk.linear_attention_chunk(*a, None, run, s0, C))(
+        q, k, v).jaxpr
+    prims = {eqn.primitive.name for eqn in equations(jaxpr)}
     assert "dot_general" in prims             # the walk did reach the chunk math
     assert not prims & {"cumsum", "exp", "reduce_window_sum"}, prims

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 
 import kernels.pallas as kp
 from kernels.pallas.intra import gdn_intra
+from tests.kernels.jaxprs import equations
 
 C = 16
 B, T, H, K, V = 1, 37, 2, 32, 32
@@ -16,21 +17,7 @@ B, T, H, K, V = 1, 37, 2, 32, 32
 
 def pallas_calls(closed_jaxpr):
     """Every pallas_call equation in a jaxpr, including inside custom_vjp/jit bodies."""
-    found = []
-
-    def walk(jaxpr):
-        for eqn in jaxpr.eqns:
-            if eqn.primitive.name == "pallas_call":
-                found.append(eqn)
-            for val in eqn.params.values():
-                for sub in val if isinstance(val, (tuple, list)) else (val,):
-                    if hasattr(sub, "eqns"):
-                        walk(sub)
-                    elif hasattr(getattr(sub, "jaxpr", None), "eqns"):
-                        walk(sub.jaxpr)
-
-    walk(closed_jaxpr.jaxpr)
-    return found
+    return [e for e in equations(closed_jaxpr.jaxpr) if e.primitive.name == "pallas_call"]
 
 
 def named(eqns, name):
