@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The GPU runs behind docs/results.md: comparison sweeps in parallel lanes. A lane is one
-# GPU and a list of stages run one after another; several lanes may share a GPU (small
-# models leave it mostly idle). Each stage has a soft deadline (no new run starts after
-# it) and a hard one (killed then), both in seconds since this script started. Results
+# GPU and a list of stages run one after another. Give each GPU one lane: lanes sharing a
+# GPU are time-sliced by the driver: on an H200 the nanoGPT-recipe run trained at 195k
+# tokens/s sharing its GPU with an MQAR sweep and at 500-570k alone (docs/results.md). Each stage has a soft deadline (no new run
+# starts after it) and a hard one (killed then), both in seconds since this script started. Results
 # are snapshotted into $OUT every 15 s, so whatever finished comes back even when the
 # command runs out of time.
 #
@@ -11,7 +12,7 @@
 # needs the GPU alone has finished) or SOFT seconds have passed.
 #   bash eval/h200_sweeps.sh \
 #     "0 shakespeare configs/compare_shakespeare.py 480 540 --shard=0/2 --config.overrides.data.files=runs/data/input.txt" \
-#     "0 mqar configs/compare_mqar.py:h200 480 540"
+#     "1 shakespeare configs/compare_shakespeare.py 480 540 --shard=1/2 --config.overrides.data.files=runs/data/input.txt"
 #
 # Sweeps live in runs/h200/NAME (ignored by git), so a later command on a machine that
 # has them (carried back in) skips the runs that already finished (done.json). Wheels for
