@@ -96,19 +96,24 @@ def softmax_attention(q, k, v, *, segment_ids=None, causal=True, scale=None, win
     return jax.nn.dot_product_attention(q, k, v, implementation=impl, **kwargs)
 
 
-def _masked_softmax_read(scores, mask, v_spec, v):
-    """softmax over the last axis of float32 scores with a boolean mask, then read v."""
+def _masked_softmax(scores, mask):
+    """softmax over the last axis of float32 scores with a boolean mask."""
     scores = jnp.where(mask, scores, -jnp.inf)
     m = jnp.max(scores, axis=-1, keepdims=True)
     m = jnp.where(jnp.isfinite(m), m, 0.0)  # fully masked rows: weights 0, output 0
     p = jnp.where(mask, jnp.exp(scores - m), 0.0)
-    p = p / jnp.maximum(jnp.sum(p, axis=-1, keepdims=True), jnp.finfo(jnp.float32).tiny)
+    return p / jnp.maximum(jnp.sum(p, axis=-1, keepdims=True), jnp.finfo(jnp.float32).tiny)
+
+
+def _masked_softmax_read(scores, mask, v_spec, v):
+    """_masked_softmax, then read v in float32."""
+    p = _masked_softmax(scores, mask)
     return jnp.einsum(v_spec, p, v.astype(jnp.float32), precision=PRECISION)
 
 
 def _attention_with_dropout(q, k, v, mask, causal, window, scale, rate, rng):
     """Explicit scores -> float32 softmax -> dropout on the probabilities -> read v."""
-    b, t, _, d = q.shape
+    _, t, _, d = q.shape
     s = k.shape[1]
     scale = 1.0 / math.sqrt(d) if scale is None else scale
     qg = _group(q, k.shape[2])
@@ -123,11 +128,7 @@ def _attention_with_dropout(q, k, v, mask, causal, window, scale, rate, rng):
     full = keep[None, None, None]
     if mask is not None:  # (B, 1, T, S) segment mask -> (B, 1, 1, T, S)
         full = full & mask[:, :, None]
-    scores = jnp.where(full, scores, -jnp.inf)
-    m = jnp.max(scores, axis=-1, keepdims=True)
-    m = jnp.where(jnp.isfinite(m), m, 0.0)
-    p = jnp.where(full, jnp.exp(scores - m), 0.0)
-    p = p / jnp.maximum(jnp.sum(p, axis=-1, keepdims=True), jnp.finfo(jnp.float32).tiny)
+    p = _masked_softmax(scores, full)
     kept = jax.random.bernoulli(rng, 1.0 - rate, p.shape)
     p = jnp.where(kept, p / (1.0 - rate), 0.0)
     o = jnp.einsum("bkgts,bskd->btkgd", p.astype(v.dtype), v, precision=PRECISION,
