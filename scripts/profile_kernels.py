@@ -1,0 +1,104 @@
+"""Where the time of one GDN / linear-attention call goes, kernel by kernel.
+
+    python scripts/profile_kernels.py [--out DIR] [--shapes 2x8192] [--what gdn-fwdbwd,...]
+
+Runs each case a few times under `jax.profiler.trace` (with a Perfetto trace), then sums
+the device events by kernel name and prints the top ones per case (ms per call, share of
+the call). Writes DIR/profile.json. A diagnostic for kernel work, not a benchmark: the
+timings of record come from scripts/bench_kernels.py.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import gzip
+import json
+import pathlib
+import sys
+import tempfile
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import scripts.bench_kernels as bk  # noqa: E402
+
+REPS = 5
+
+
+def cases(b, t, what):
+    key = jax.random.PRNGKey(b * t)
+    q, k, v, g, beta = bk.gdn_inputs(key, b, t)
+    do = jax.random.normal(jax.random.fold_in(key, 2), v.shape, jnp.float32).astype(v.dtype)
+    table = {
+        "gdn-fwd": lambda: (jax.jit(bk.gdn_fn("pallas")), (q, k, v, g, beta)),
+        "gdn-fwdbwd": lambda: (bk.fwd_bwd(bk.gdn_fn("pallas"), 5), (q, k, v, g, beta, do)),
+        "gdn-fwdbwd-pbwd": lambda: (bk.fwd_bwd(bk.gdn_fn("pallas"), 5, "pallas"),
+                                    (q, k, v, g, beta, do)),
+        "linear-fwdbwd": lambda: (bk.fwd_bwd(bk.la_fn("pallas"), 3), (q, k, v, do)),
+    }
+    for name in what:
+        yield name, *table[name]()
+
+
+def device_events(trace_dir):
+    """(name, dur_us) of every complete event on a device (GPU/TPU) process."""
+    files = sorted(pathlib.Path(trace_dir).rglob("*.trace.json.gz"))
+    if not files:
+        raise FileNotFoundError(f"no perfetto trace under {trace_dir}")
+    with gzip.open(files[-1], "rt") as fh:
+        data = json.load(fh)
+    events = data["traceEvents"] if isinstance(data, dict) else data
+    names = {e["pid"]: e.get("args", {}).get("name", "") for e in events
+             if e.get("ph") == "M" and e.get("name") == "process_name"}
+    dev = {pid for pid, n in names.items() if "GPU" in n or "TPU" in n or "gpu" in n}
+    return [(e["name"], float(e.get("dur", 0))) for e in events
+            if e.get("ph") == "X" and e.get("pid") in dev], sorted(set(names.values()))
+
+
+def profile(fn, args):
+    jax.block_until_ready(fn(*args))      # compile outside the trace
+    with tempfile.TemporaryDirectory() as d:
+        with jax.profiler.trace(d, create_perfetto_trace=True):
+            for _ in range(REPS):
+                out = fn(*args)
+            jax.block_until_ready(out)
+        events, procs = device_events(d)
+    per = collections.defaultdict(float)
+    for name, dur in events:
+        per[name] += dur / REPS / 1e3       # ms per call
+    return dict(sorted(per.items(), key=lambda kv: -kv[1])), procs
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--out", default=None)
+    ap.add_argument("--shapes", default="8x2048,2x8192,1x32768")
+    ap.add_argument("--what", default="gdn-fwd,gdn-fwdbwd,gdn-fwdbwd-pbwd,linear-fwdbwd")
+    ap.add_argument("--top", type=int, default=14)
+    args = ap.parse_args()
+    results = {}
+    for spec in args.shapes.split(","):
+        b, t = (int(x) for x in spec.split("x"))
+        for name, fn, xs in cases(b, t, args.what.split(",")):
+            try:
+                per, procs = profile(fn, xs)
+            except Exception as e:  # noqa: BLE001  (one case must not stop the job)
+                print(f"# FAILED {name} {spec}: {type(e).__name__}: {e}", flush=True)
+                continue
+            total = sum(per.values())
+            results[f"{name} {spec}"] = {"total_ms": total, "kernels_ms": per}
+            print(f"\n## {name} B{b} T{t}: {total:.3f} ms of device events per call "
+                  f"({len(per)} kernels; processes {procs})")
+            for kname, ms in list(per.items())[:args.top]:
+                print(f"  {ms:8.3f} ms {100 * ms / max(total, 1e-9):5.1f}%  {kname[:110]}")
+            sys.stdout.flush()
+            if args.out:
+                pathlib.Path(args.out).mkdir(parents=True, exist_ok=True)
+                (pathlib.Path(args.out) / "profile.json").write_text(
+                    json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
