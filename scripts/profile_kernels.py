@@ -1,11 +1,14 @@
 """Where the time of one GDN / linear-attention call goes, kernel by kernel.
 
     python scripts/profile_kernels.py [--out DIR] [--shapes 2x8192] [--what gdn-fwdbwd,...]
+    python scripts/profile_kernels.py --tune [--out DIR]
 
 Runs each case a few times under `jax.profiler.trace` (with a Perfetto trace), then sums
 the device events by kernel name and prints the top ones per case (ms per call, share of
-the call). Writes DIR/profile.json. A diagnostic for kernel work, not a benchmark: the
-timings of record come from scripts/bench_kernels.py.
+the call). Writes DIR/profile.json. --tune instead times the kernels' tunables side by
+side in this one process (decode block/warps, the preparation's warps, the narrowest
+value block of the sequential loop) and writes DIR/tune.json. A diagnostic for kernel
+work, not a benchmark: the timings of record come from scripts/bench_kernels.py.
 """
 from __future__ import annotations
 
@@ -71,13 +74,86 @@ def profile(fn, args):
     return dict(sorted(per.items(), key=lambda kv: -kv[1])), procs
 
 
+def tune(out):
+    """Tunables timed side by side (bench_kernels.time_jax); a row per setting."""
+    from kernels.pallas import decode, intra, recurrence
+    import kernels.pallas as kp
+    rows = []
+
+    def row(what, setting, seconds):
+        rows.append({"what": what, "setting": setting, "ms": seconds * 1e3})
+        print(f"  {what:28s} {setting:28s} {seconds * 1e3:8.3f} ms", flush=True)
+        if out:
+            pathlib.Path(out).mkdir(parents=True, exist_ok=True)
+            (pathlib.Path(out) / "tune.json").write_text(json.dumps(rows, indent=1))
+
+    def attempt(what, setting, fn):
+        try:
+            row(what, setting, fn())
+        except Exception as e:  # noqa: BLE001
+            print(f"  {what:28s} {setting:28s} FAILED {type(e).__name__}: "
+                  f"{str(e).splitlines()[0][:200]}", flush=True)
+
+    # decode step, B64 H16 D128 (the benchmark's inputs)
+    ks = jax.random.split(jax.random.PRNGKey(7), 6)
+    b, h, d = bk.DECODE_B, bk.H, bk.D
+    qd = jax.random.normal(ks[0], (b, h, d), jnp.bfloat16)
+    kd = jax.random.normal(ks[1], (b, h, d), jnp.float32)
+    kd = (kd / jnp.linalg.norm(kd, axis=-1, keepdims=True)).astype(jnp.bfloat16)
+    vd = jax.random.normal(ks[2], (b, h, d), jnp.bfloat16)
+    gd = jax.nn.log_sigmoid(jax.random.normal(ks[3], (b, h)))
+    bd = jax.nn.sigmoid(jax.random.uniform(ks[4], (b, h)))
+    sd = jax.random.normal(ks[5], (b, h, d, d), jnp.float32)
+    for bv in (32, 64, 128):
+        for warps in (2, 4, 8):
+            state = {"s": jnp.array(sd)}
+
+            def call(bv=bv, warps=warps):
+                o, state["s"] = decode.gated_delta_step_pallas(
+                    qd, kd, vd, gd, bd, state["s"], block_v=bv, num_warps=warps)
+                return o
+            attempt("decode B64", f"block_v={bv} warps={warps}", lambda: bk.time_jax(call))
+    torch, fops = bk.fla_module()
+    if fops is not None:
+        for i in range(2):
+            attempt("decode B64", f"fla fused recurrent #{i}",
+                    lambda: bk.fla_decode(torch, fops))
+
+    def gdn_fwd(b, t):
+        xs = bk.gdn_inputs(jax.random.PRNGKey(b * t), b, t)
+        return bk.time_jax(jax.jit(bk.gdn_fn("pallas")), *xs)
+
+    def gdn_fb(b, t):
+        xs = bk.gdn_inputs(jax.random.PRNGKey(b * t), b, t)
+        do = jnp.ones_like(xs[2])
+        return bk.time_jax(bk.fwd_bwd(bk.gdn_fn("pallas"), 5), *xs, do)
+
+    for warps in (4, 8):
+        intra.NUM_WARPS = warps
+        for b, t in ((8, 2048), (2, 8192)):
+            attempt(f"gdn fwd B{b} T{t}", f"prep warps={warps}", lambda: gdn_fwd(b, t))
+    intra.NUM_WARPS = 4
+    for minbv in (32, 16):
+        recurrence.MIN_BLOCK_V = minbv
+        attempt("gdn fwd B1 T32768", f"min block_v={minbv}", lambda: gdn_fwd(1, 32768))
+        attempt("gdn fwd+bwd B1 T32768", f"min block_v={minbv}", lambda: gdn_fb(1, 32768))
+        attempt("gdn fwd+bwd B2 T8192", f"min block_v={minbv}", lambda: gdn_fb(2, 8192))
+    recurrence.MIN_BLOCK_V = 32
+    del kp
+    return rows
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--shapes", default="8x2048,2x8192,1x32768")
     ap.add_argument("--what", default="gdn-fwd,gdn-fwdbwd,gdn-fwdbwd-pbwd,linear-fwdbwd")
     ap.add_argument("--top", type=int, default=14)
+    ap.add_argument("--tune", action="store_true", help="time the tunables instead")
     args = ap.parse_args()
+    if args.tune:
+        tune(args.out)
+        return
     results = {}
     for spec in args.shapes.split(","):
         b, t = (int(x) for x in spec.split("x"))

@@ -41,8 +41,8 @@ def _step_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, s_ref, o_ref, snew_ref):
     o_ref[...] = (a * qs + jnp.sum(q * k) * u).astype(o_ref.dtype)
 
 
-@functools.partial(jax.jit, static_argnames=("block_v",), donate_argnums=(5,))
-def gated_delta_step_pallas(q, k, v, log_alpha, beta, state, *, block_v=32):
+@functools.partial(jax.jit, static_argnames=("block_v", "num_warps"), donate_argnums=(5,))
+def gated_delta_step_pallas(q, k, v, log_alpha, beta, state, *, block_v=32, num_warps=4):
     """The same step as one Pallas (Triton) kernel, updating the state in place."""
     b, h, kdim = q.shape
     vdim = v.shape[-1]
@@ -59,7 +59,7 @@ def gated_delta_step_pallas(q, k, v, log_alpha, beta, state, *, block_v=32):
         out_shape=[jax.ShapeDtypeStruct((bh, vdim), v.dtype),
                    jax.ShapeDtypeStruct((bh, kdim, vdim), jnp.float32)],
         input_output_aliases={5: 1}, interpret=common.interpret(),
-        compiler_params=common.compiler_params("gpu", num_warps=4, num_stages=1),
+        compiler_params=common.compiler_params("gpu", num_warps=num_warps, num_stages=1),
         name="gated_delta_step")(
             flat(q), flat(k), flat(v), flat(log_alpha.astype(jnp.float32))[:, None],
             flat(beta.astype(jnp.float32))[:, None], flat(state))

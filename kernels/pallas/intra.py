@@ -30,6 +30,7 @@ from jax.experimental import pallas as pl
 from kernels.pallas import common
 
 BS = 16  # rows per diagonal block of the UT transform
+NUM_WARPS = 4  # per program; read when traced (scripts/profile_kernels.py --tune sets it)
 
 
 def _mm(a, b, *, tb=False, precision=None):
@@ -144,5 +145,5 @@ def gdn_intra(q, k, v, big_g, beta, *, chunk, with_inverse=True):
         functools.partial(_intra_kernel, chunk=chunk), grid=(b, h, n),
         in_specs=[tok(kdim), tok(kdim), tok(vdim), per_tok, per_tok],
         out_specs=out_specs, out_shape=out_shapes, interpret=common.interpret(),
-        compiler_params=common.compiler_params("gpu", num_warps=4, num_stages=1),
+        compiler_params=common.compiler_params("gpu", num_warps=NUM_WARPS, num_stages=1),
         name="gdn_chunk_prep")(q, k, v, big_g, beta)

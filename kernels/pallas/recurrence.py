@@ -14,16 +14,22 @@ preparation writing 2 K values per token (and nothing is read twice: the kernel 
 q, k where it would have read Qg, Kd). Only this loop over chunks is sequential, so
 only it must be a kernel: the state never leaves registers (GPU) or VMEM (TPU).
 
-Backward (a reverse loop carrying dS = dL/dS', recomputing U from the saved chunk-start
-state, so nothing per token is stored):
+Backward (recomputing U from the saved chunk-start states, so nothing per token is
+stored; dS = dL/dS' is carried from the last chunk to the first):
 
     dU  = P^T dO + Kd dS'          dS  = exp(G_C) dS' + Qg^T dO - W^T dU
     dUt = dU    dW = -dU S^T    dQg = dO S^T    dP = dO U^T    dKd = U dS'^T
-    dG_C = exp(G_C) <S, dS'>
+    dG_C = exp(G_C) <S, dS'>,  then  dq = dQg exp(G),  dk = dKd exp(G_C - G),
+    dG = <dQg, Qg> - <dKd, Kd>,  dG_C += sum_t <dKd, Kd>.
 
-then, outside the kernel (elementwise XLA, _chain_decay): dq = dQg exp(G),
-dk = dKd exp(G_C - G), dG = <dQg, Qg> - <dKd, Kd>, dG_C += sum_t <dKd, Kd>.
-Saved for the backward pass: the chunk-start states, (T / C) K V floats per head.
+GPU: two calls. A sequential pass per (head, value block) carries dS and writes dU and
+each chunk's dS' (only the first line needs the recurrence); then a pass parallel over
+(head, chunk), all value columns per program, forms the K-sided gradients from S, dS'
+and dU and applies the decay chain in place (so nothing is summed over value blocks
+afterwards and the long sequential loop does 4 matmuls a chunk, not 9). TPU: one call,
+grid (head, chunks in reverse), the whole value dim per program; the decay chain is
+elementwise XLA (_chain_decay). Saved for the backward: the chunk-start states, (T / C)
+K V values per head in the input dtype (every use casts them to it).
 """
 from __future__ import annotations
 
@@ -36,6 +42,10 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from kernels.pallas import common
+
+
+# Narrowest value block the adaptive split goes down to (block_v); read when traced.
+MIN_BLOCK_V = 32
 
 
 class Config(NamedTuple):
@@ -177,7 +187,7 @@ def _fwd_kernel_gpu(*refs, has_w, has_g, save, chunk, num_chunks):
     def body(n, s):
         rows = pl.ds(n * chunk, chunk)
         if save:
-            h_ref[n] = s
+            h_ref[n] = s.astype(h_ref.dtype)
         w = w_ref[rows, :] if has_w else None
         gam = g_ref[rows][:, None] if has_g else None
         o, s = _fwd_chunk(s, w, ut_ref[rows, :], q_ref[rows, :], k_ref[rows, :],
@@ -200,7 +210,7 @@ def _fwd_kernel_tpu(*refs, has_w, has_g, save):
 
     s = s_scr[...]
     if save:
-        h_ref[...] = s
+        h_ref[...] = s.astype(h_ref.dtype)
     o, s = _fwd_chunk(s, w_ref[...] if has_w else None, ut_ref[...], q_ref[...],
                       k_ref[...], p_ref[...], gcl_ref[...],
                       g_ref[...] if has_g else None)
@@ -221,8 +231,8 @@ def _forward(w, ut, q, k, p, gcl, gam, s0, cfg: Config, save: bool):
     has_w, has_g = w is not None, gam is not None
     out_shapes = [jax.ShapeDtypeStruct((bh, tp, vdim), jnp.dtype(cfg.out_dtype)),
                   jax.ShapeDtypeStruct((bh, kdim, vdim), jnp.float32)]
-    if save:
-        out_shapes.append(jax.ShapeDtypeStruct((bh, n, kdim, vdim), jnp.float32))
+    if save:  # chunk-start states, in the input dtype: every use casts them to it first
+        out_shapes.append(jax.ShapeDtypeStruct((bh, n, kdim, vdim), ut.dtype))
     qx, kx, gx = _layout(q, k, gam, cfg)
     args = ([w] if has_w else []) + [ut, qx, kx, p, gcl] + ([gx] if has_g else []) + [s0]
 
@@ -261,31 +271,154 @@ def _forward(w, ut, q, k, p, gcl, gam, s0, cfg: Config, save: bool):
 
 # ----------------------------------------------------------------------------- backward kernels
 
-def _bwd_kernel_gpu(*refs, has_w, has_g, chunk, num_chunks):
-    (w_ref, ut_ref, q_ref, k_ref, p_ref, gcl_ref, g_ref), rest = _split(refs, has_w, has_g)
-    h_ref, do_ref, dst_ref, dut_ref, *rest = rest
-    if has_w:
-        dw_ref, *rest = rest
-    dqg_ref, dkd_ref, dp_ref, dgcl_ref, ds0_ref = rest
+def _dstate_kernel_gpu(*refs, has_w, has_g, chunk, num_chunks):
+    """GPU backward, pass 1 (sequential over chunks, last to first): carries dS, writing
+    per chunk dU = P^T dO + Kd dS' and dS' itself (dh: the gradient w.r.t. the state after
+    the chunk). Nothing here needs the forward's states, and nothing K-sided is summed
+    over value blocks: the rest of the gradient is chunk-parallel (_grads_kernel_gpu)."""
+    (w_ref, _, q_ref, k_ref, p_ref, gcl_ref, g_ref), rest = _split(refs, has_w, has_g)
+    do_ref, dst_ref, du_ref, dh_ref, ds0_ref = rest
 
     def body(i, ds):
         n = num_chunks - 1 - i
         rows = pl.ds(n * chunk, chunk)
-        w = w_ref[rows, :] if has_w else None
+        dt = du_ref.dtype
+        prec = common.dot_precision(dt)
+        gcl = gcl_ref[n]
         gam = g_ref[rows][:, None] if has_g else None
-        ds, du, dw, dqg, dkd, dp, dgcl = _bwd_chunk(
-            h_ref[n], ds, w, ut_ref[rows, :], q_ref[rows, :], k_ref[rows, :],
-            p_ref[rows, :], gcl_ref[n], gam, do_ref[rows, :])
-        dut_ref[rows, :] = du.astype(dut_ref.dtype)
+        qg, kd = _decayed(q_ref[rows, :], k_ref[rows, :], gam, gcl)
+        dsc = ds.astype(dt)
+        doc = do_ref[rows, :].astype(dt)
+        dh_ref[n] = dsc
+        du = (_mm(p_ref[rows, :], doc, ta=True, precision=prec)
+              + _mm(kd, dsc, precision=prec)).astype(dt)
+        du_ref[rows, :] = du
+        ds = jnp.exp(gcl) * ds + _mm(qg, doc, ta=True, precision=prec)
         if has_w:
-            dw_ref[rows, :] = dw.astype(dw_ref.dtype)
-        dqg_ref[rows, :] = dqg.astype(dqg_ref.dtype)
-        dkd_ref[rows, :] = dkd.astype(dkd_ref.dtype)
-        dp_ref[rows, :] = dp.astype(dp_ref.dtype)
-        dgcl_ref[n] = dgcl
+            ds = ds - _mm(w_ref[rows, :], du, ta=True, precision=prec)
         return ds
 
     ds0_ref[...] = lax.fori_loop(0, num_chunks, body, dst_ref[...])
+
+
+def _grads_kernel_gpu(*refs, has_w, has_g, block_cols):
+    """GPU backward, pass 2: one program per (batch, head, chunk), all value columns
+    (in blocks of block_cols). From the chunk-start state S (saved by the forward), dS'
+    and dU (pass 1), with U = Ut - W S recomputed:
+
+        dQg = dO S^T   dKd = U dS'^T   dW = -dU S^T   dP = dO U^T   dG_C = e^G_C <S, dS'>
+
+    then the decay chain in place: dq = dQg e^G, dk = dKd e^(G_C - G),
+    dG = <dq, q> - <dk, k>, dG_C += sum_t <dk, k>."""
+    (w_ref, ut_ref, q_ref, k_ref, _, gcl_ref, g_ref), rest = _split(refs, has_w, has_g)
+    h_ref, dh_ref, do_ref, du_ref, dq_ref, dk_ref, *rest = rest
+    dw_ref = rest.pop(0) if has_w else None
+    dp_ref, dgcl_ref, *rest = rest
+    dg_ref = rest[0] if has_g else None
+    f32 = jnp.float32
+    dt = ut_ref.dtype
+    prec = common.dot_precision(dt)
+    c, kdim = q_ref.shape
+    vdim = ut_ref.shape[-1]
+    w = w_ref[...] if has_w else None
+    dqg = jnp.zeros((c, kdim), f32)
+    dkd = jnp.zeros((c, kdim), f32)
+    dw = jnp.zeros((c, kdim), f32)
+    dp = jnp.zeros((c, c), f32)
+    sds = jnp.zeros((1, 1), f32)
+    for j in range(vdim // block_cols):     # static: value columns in blocks
+        cols = pl.ds(j * block_cols, block_cols)
+        sc, dsc = h_ref[:, cols], dh_ref[:, cols]
+        doc = do_ref[:, cols].astype(dt)
+        uc = _chunk_values(ut_ref[:, cols], w, sc, prec)
+        dqg += _mm(doc, sc, tb=True, precision=prec)
+        dp += _mm(doc, uc, tb=True, precision=prec)
+        dkd += _mm(uc, dsc, tb=True, precision=prec)
+        if has_w:
+            dw -= _mm(du_ref[:, cols], sc, tb=True, precision=prec)
+        sds += jnp.sum(jnp.sum(sc.astype(f32) * dsc.astype(f32), axis=1, keepdims=True),
+                       axis=0, keepdims=True)
+    gcl = gcl_ref[...]
+    dgcl = jnp.exp(gcl) * sds
+    if has_g:
+        gam = g_ref[...][:, None]
+        dq = dqg * jnp.exp(gam)
+        dk = dkd * jnp.exp(gcl - gam)
+        tq = jnp.sum(dq * q_ref[...].astype(f32), axis=1)
+        tk = jnp.sum(dk * k_ref[...].astype(f32), axis=1)
+        dg_ref[...] = tq - tk
+        dgcl = dgcl + jnp.sum(tk)
+    else:
+        dq, dk = dqg, dkd
+    dq_ref[...] = dq.astype(dq_ref.dtype)
+    dk_ref[...] = dk.astype(dk_ref.dtype)
+    if has_w:
+        dw_ref[...] = dw.astype(dw_ref.dtype)
+    dp_ref[...] = dp.astype(dp_ref.dtype)
+    dgcl_ref[...] = dgcl
+
+
+def _backward_gpu(w, ut, q, k, p, gcl, gam, h, do, dst, cfg: Config):
+    """The GPU backward as two Pallas calls (see the two kernels). Returns
+    (dw | None, dut, dq, dk, dp, dgcl, dgam | None, ds0) with dq, dk as (B, Tp, H, K) in
+    the input dtype and the decay chain applied."""
+    b, tp, nh, kdim = q.shape
+    bh = b * nh
+    vdim = ut.shape[-1]
+    c = cfg.chunk
+    n = tp // c
+    dt = ut.dtype
+    has_w, has_g = w is not None, gam is not None
+    bv = cfg.block_v
+    row = lambda bi, hi: bi * nh + hi  # noqa: E731
+    warps = 4 if kdim * bv <= 8192 else 8
+    lead = ([w] if has_w else []) + [ut, q, k, p, gcl] + ([gam] if has_g else [])
+
+    # pass 1: dU and dS' per chunk, sequential; grid (B, H, value blocks)
+    vspec = pl.BlockSpec((None, tp, bv), lambda bi, hi, j: (row(bi, hi), 0, j))
+    sspec = pl.BlockSpec((None, kdim, bv), lambda bi, hi, j: (row(bi, hi), 0, j))
+    du, dh, ds0 = pl.pallas_call(
+        functools.partial(_dstate_kernel_gpu, has_w=has_w, has_g=has_g, chunk=c,
+                          num_chunks=n),
+        grid=(b, nh, vdim // bv),
+        in_specs=_gpu_in_specs(has_w, has_g, nh, tp, kdim, bv, c, n) + [vspec, sspec],
+        out_specs=[vspec, pl.BlockSpec((None, n, kdim, bv),
+                                       lambda bi, hi, j: (row(bi, hi), 0, 0, j)), sspec],
+        out_shape=[jax.ShapeDtypeStruct((bh, tp, vdim), dt),
+                   jax.ShapeDtypeStruct((bh, n, kdim, vdim), dt),
+                   jax.ShapeDtypeStruct((bh, kdim, vdim), jnp.float32)],
+        interpret=common.interpret(),
+        compiler_params=common.compiler_params("gpu", num_warps=warps, num_stages=2),
+        name="linear_chunk_bwd_dstate")(*lead, do, dst)
+
+    # pass 2: everything else, parallel over chunks; grid (B, H, chunks)
+    crow = lambda width: pl.BlockSpec(  # noqa: E731  (one chunk's rows of a (BH, Tp, width))
+        (None, c, width), lambda bi, hi, i: (row(bi, hi), i, 0))
+    tok = pl.BlockSpec((None, c, None, kdim), lambda bi, hi, i: (bi, i, hi, 0))
+    state = pl.BlockSpec((None, None, kdim, vdim), lambda bi, hi, i: (row(bi, hi), i, 0, 0))
+    one = pl.BlockSpec((None, None, 1, 1), lambda bi, hi, i: (row(bi, hi), i, 0, 0))
+    gspec = pl.BlockSpec((None, c, None), lambda bi, hi, i: (bi, i, hi))
+    in_specs = (([crow(kdim)] if has_w else []) + [crow(vdim), tok, tok, crow(c), one]
+                + ([gspec] if has_g else []) + [state, state, crow(vdim), crow(vdim)])
+    out_specs = [tok, tok] + ([crow(kdim)] if has_w else []) + [crow(c), one] + (
+        [gspec] if has_g else [])
+    out_shape = ([jax.ShapeDtypeStruct(q.shape, q.dtype)] * 2
+                 + ([jax.ShapeDtypeStruct((bh, tp, kdim), dt)] if has_w else [])
+                 + [jax.ShapeDtypeStruct((bh, tp, c), dt),
+                    jax.ShapeDtypeStruct((bh, n, 1, 1), jnp.float32)]
+                 + ([jax.ShapeDtypeStruct((b, tp, nh), jnp.float32)] if has_g else []))
+    outs = pl.pallas_call(
+        functools.partial(_grads_kernel_gpu, has_w=has_w, has_g=has_g,
+                          block_cols=min(vdim, 64)),
+        grid=(b, nh, n), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
+        interpret=common.interpret(),
+        compiler_params=common.compiler_params("gpu", num_warps=8, num_stages=1),
+        name="linear_chunk_bwd_grads")(*lead, h, dh, do, du)
+    dq, dk, *outs = outs
+    dw = outs.pop(0) if has_w else None
+    dp, dgcl, *outs = outs
+    dgam = outs[0] if has_g else None
+    return dw, du, dq, dk, dp, dgcl, dgam, ds0
 
 
 def _bwd_kernel_tpu(*refs, has_w, has_g):
@@ -317,81 +450,51 @@ def _bwd_kernel_tpu(*refs, has_w, has_g):
         ds0_ref[...] = ds
 
 
-def _backward(w, ut, q, k, p, gcl, gam, h, do, dst, cfg: Config):
-    """Returns (dw | None, dut, dqg, dkd, dp, dgcl, ds0), dqg/dkd chunk-major (B*H, Tp, K);
-    the K-side gradients are summed over value blocks here (each program sees only its
-    block of columns)."""
+def _backward_tpu(w, ut, q, k, p, gcl, gam, h, do, dst, cfg: Config):
+    """The TPU backward: one Pallas call, grid (B*H, chunks visited last to first), the
+    whole value dim per program. Returns (dw | None, dut, dqg, dkd, dp, dgcl, ds0) with
+    dqg, dkd chunk-major (B*H, Tp, K), before the decay chain (_chain_decay)."""
     b, tp, nh, kdim = q.shape
     bh = b * nh
     vdim = ut.shape[-1]
     c = cfg.chunk
     n = tp // c
     has_w, has_g = w is not None, gam is not None
-    bv = cfg.block_v if cfg.variant == "gpu" else vdim
-    nv = vdim // bv
     f32 = jnp.float32
     out_shapes = [jax.ShapeDtypeStruct((bh, tp, vdim), f32)]
     if has_w:
-        out_shapes.append(jax.ShapeDtypeStruct((nv, bh, tp, kdim), f32))
-    out_shapes += [jax.ShapeDtypeStruct((nv, bh, tp, kdim), f32),
-                   jax.ShapeDtypeStruct((nv, bh, tp, kdim), f32),
-                   jax.ShapeDtypeStruct((nv, bh, tp, c), f32),
-                   jax.ShapeDtypeStruct((nv, bh, n, 1, 1), f32),
+        out_shapes.append(jax.ShapeDtypeStruct((bh, tp, kdim), f32))
+    out_shapes += [jax.ShapeDtypeStruct((bh, tp, kdim), f32),
+                   jax.ShapeDtypeStruct((bh, tp, kdim), f32),
+                   jax.ShapeDtypeStruct((bh, tp, c), f32),
+                   jax.ShapeDtypeStruct((bh, n, 1, 1), f32),
                    jax.ShapeDtypeStruct((bh, kdim, vdim), f32)]
     qx, kx, gx = _layout(q, k, gam, cfg)
     args = (([w] if has_w else []) + [ut, qx, kx, p, gcl] + ([gx] if has_g else [])
             + [h, do, dst])
-
-    if cfg.variant == "gpu":
-        row = lambda bi, hi: bi * nh + hi  # noqa: E731
-        vspec = pl.BlockSpec((None, tp, bv), lambda bi, hi, j: (row(bi, hi), 0, j))
-        sspec = pl.BlockSpec((None, kdim, bv), lambda bi, hi, j: (row(bi, hi), 0, j))
-        in_specs = _gpu_in_specs(has_w, has_g, nh, tp, kdim, bv, c, n) + [
-            pl.BlockSpec((None, n, kdim, bv), lambda bi, hi, j: (row(bi, hi), 0, 0, j)),
-            vspec, sspec]
-        kpart = pl.BlockSpec((None, None, tp, kdim),
-                             lambda bi, hi, j: (j, row(bi, hi), 0, 0))
-        out_specs = [vspec] + ([kpart] if has_w else []) + [
-            kpart, kpart,
-            pl.BlockSpec((None, None, tp, c), lambda bi, hi, j: (j, row(bi, hi), 0, 0)),
-            pl.BlockSpec((None, None, n, 1, 1), lambda bi, hi, j: (j, row(bi, hi), 0, 0, 0)),
-            sspec]
-        kernel = functools.partial(_bwd_kernel_gpu, has_w=has_w, has_g=has_g, chunk=c,
-                                   num_chunks=n)
-        outs = pl.pallas_call(
-            kernel, grid=(b, nh, nv), in_specs=in_specs, out_specs=out_specs,
-            out_shape=out_shapes, interpret=common.interpret(),
-            compiler_params=common.compiler_params("gpu", num_warps=4 if kdim * bv <= 8192
-                                                   else 8, num_stages=2),
-            name="linear_chunk_bwd")(*args)
-    else:
-        rev = lambda j: n - 1 - j  # noqa: E731  (chunks visited last to first)
-        vspec = pl.BlockSpec((None, c, vdim), lambda i, j: (i, rev(j), 0))
-        sspec = pl.BlockSpec((None, kdim, vdim), lambda i, j: (i, 0, 0))
-        in_specs = _tpu_in_specs(has_w, has_g, kdim, vdim, c, rev) + [
-            pl.BlockSpec((None, None, kdim, vdim), lambda i, j: (i, rev(j), 0, 0)),
-            vspec, sspec]
-        kpart = pl.BlockSpec((None, None, c, kdim), lambda i, j: (0, i, rev(j), 0))
-        out_specs = [vspec] + ([kpart] if has_w else []) + [
-            kpart, kpart,
-            pl.BlockSpec((None, None, c, c), lambda i, j: (0, i, rev(j), 0)),
-            pl.BlockSpec((None, None, None, 1, 1), lambda i, j: (0, i, rev(j), 0, 0)),
-            sspec]
-        kernel = functools.partial(_bwd_kernel_tpu, has_w=has_w, has_g=has_g)
-        outs = pl.pallas_call(
-            kernel, grid=(bh, n), in_specs=in_specs, out_specs=out_specs,
-            out_shape=out_shapes,
-            scratch_shapes=[common.pltpu.VMEM((kdim, vdim), jnp.float32)],
-            interpret=common.interpret(), compiler_params=common.compiler_params("tpu"),
-            name="linear_chunk_bwd")(*args)
-
+    rev = lambda j: n - 1 - j  # noqa: E731  (chunks visited last to first)
+    vspec = pl.BlockSpec((None, c, vdim), lambda i, j: (i, rev(j), 0))
+    sspec = pl.BlockSpec((None, kdim, vdim), lambda i, j: (i, 0, 0))
+    in_specs = _tpu_in_specs(has_w, has_g, kdim, vdim, c, rev) + [
+        pl.BlockSpec((None, None, kdim, vdim), lambda i, j: (i, rev(j), 0, 0)),
+        vspec, sspec]
+    kpart = pl.BlockSpec((None, c, kdim), lambda i, j: (i, rev(j), 0))
+    out_specs = [vspec] + ([kpart] if has_w else []) + [
+        kpart, kpart,
+        pl.BlockSpec((None, c, c), lambda i, j: (i, rev(j), 0)),
+        pl.BlockSpec((None, None, 1, 1), lambda i, j: (i, rev(j), 0, 0)),
+        sspec]
+    kernel = functools.partial(_bwd_kernel_tpu, has_w=has_w, has_g=has_g)
+    outs = pl.pallas_call(
+        kernel, grid=(bh, n), in_specs=in_specs, out_specs=out_specs,
+        out_shape=out_shapes,
+        scratch_shapes=[common.pltpu.VMEM((kdim, vdim), jnp.float32)],
+        interpret=common.interpret(), compiler_params=common.compiler_params("tpu"),
+        name="linear_chunk_bwd")(*args)
     dut, *outs = outs
-    dw = None
-    if has_w:
-        dw, *outs = outs
-        dw = jnp.sum(dw, axis=0)
+    dw = outs.pop(0) if has_w else None
     dqg, dkd, dp, dgcl, ds0 = outs
-    return dw, dut, jnp.sum(dqg, 0), jnp.sum(dkd, 0), jnp.sum(dp, 0), jnp.sum(dgcl, 0), ds0
+    return dw, dut, dqg, dkd, dp, dgcl, ds0
 
 
 def _chain_decay(dqg, dkd, dgcl, q, k, gcl, gam, chunk):
@@ -439,9 +542,12 @@ def _vjp_fwd(w, ut, q, k, p, gcl, gam, s0, cfg):
 def _vjp_bwd(cfg, res, cts):
     w, ut, q, k, p, gcl, gam, h = res
     do, dst = cts
-    dw, dut, dqg, dkd, dp, dgcl, ds0 = _backward(w, ut, q, k, p, gcl, gam, h, do,
-                                                  dst.astype(jnp.float32), cfg)
-    dq, dk, dgam, dgcl = _chain_decay(dqg, dkd, dgcl, q, k, gcl, gam, cfg.chunk)
+    args = (w, ut, q, k, p, gcl, gam, h, do, dst.astype(jnp.float32), cfg)
+    if cfg.variant == "gpu":
+        dw, dut, dq, dk, dp, dgcl, dgam, ds0 = _backward_gpu(*args)
+    else:
+        dw, dut, dqg, dkd, dp, dgcl, ds0 = _backward_tpu(*args)
+        dq, dk, dgam, dgcl = _chain_decay(dqg, dkd, dgcl, q, k, gcl, gam, cfg.chunk)
     cast = lambda g, like: None if like is None else g.astype(like.dtype)  # noqa: E731
     return (cast(dw, w), cast(dut, ut), cast(dq, q), cast(dk, k), cast(dp, p), dgcl, dgam,
             ds0)
@@ -460,6 +566,6 @@ def block_v(kdim: int, vdim: int, variant: str, programs: int = 1 << 30,
     if force is not None:
         return min(force, vdim)
     bv = min(64 if kdim <= 128 else 32, vdim)
-    while bv > 32 and programs * (vdim // bv) < 128:
+    while bv > MIN_BLOCK_V and programs * (vdim // bv) < 128:
         bv //= 2
     return bv

@@ -24,6 +24,10 @@ def named(eqns, name):
     return [e for e in eqns if name in str(e.params.get("name", ""))]
 
 
+def exactly(eqns, name):
+    return [e for e in eqns if str(e.params.get("name", "")) == name]
+
+
 def outputs(eqn):
     return [(tuple(v.aval.shape), jnp.dtype(v.aval.dtype)) for v in eqn.outvars]
 
@@ -59,8 +63,8 @@ def test_forward_without_grad_does_not_write_the_inverse():
     assert inverse not in outputs(fwd[0])
 
     loss = lambda *a: jnp.sum(gdn(*a).astype(jnp.float32))  # noqa: E731
-    grad = named(pallas_calls(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(*args)),
-                 "gdn_chunk_prep")
+    grad = exactly(pallas_calls(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(*args)),
+                   "gdn_chunk_prep")
     assert len(grad) == 1
     assert outputs(grad[0]).count(inverse) == 1
     assert len(outputs(grad[0])) == len(outputs(fwd[0])) + 1
@@ -130,3 +134,27 @@ def test_linear_attention_without_decay_passes_no_decay_to_the_kernel():
         decayed = named(pallas_calls(jax.make_jaxpr(
             fwd(variant, jnp.full((H,), -0.1)))(q, k, v)), "linear_chunk_fwd")[0]
         assert len(decayed.invars) == len(plain.invars) + 1
+
+
+def test_gpu_backward_is_a_state_pass_and_a_chunk_parallel_pass():
+    """The GPU backward: a sequential pass writing dU and the per-chunk dS' in the input
+    dtype (bf16 here), then one chunk-parallel call writing dq, dk in the inputs' own
+    (B, Tp, H, K) layout with the decay chain applied (dG as (B, Tp, H) float32): no
+    float32 per-value-block partials of the K-sided gradients to sum afterwards. The
+    forward under a gradient saves the chunk-start states in the input dtype."""
+    args = inputs(4)
+    tp = -(-T // C) * C
+    n = tp // C
+    loss = lambda *a: jnp.sum(gdn(*a).astype(jnp.float32))  # noqa: E731
+    eqns = pallas_calls(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))(*args))
+    bf16, f32 = jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)
+    (fwd,) = named(eqns, "linear_chunk_fwd")
+    assert ((B * H, n, K, V), bf16) in outputs(fwd)                         # saved states
+    (state_pass,) = named(eqns, "linear_chunk_bwd_dstate")
+    assert outputs(state_pass) == [((B * H, tp, V), bf16), ((B * H, n, K, V), bf16),
+                                   ((B * H, K, V), f32)]
+    (grads,) = named(eqns, "linear_chunk_bwd_grads")
+    assert outputs(grads) == [((B, tp, H, K), bf16), ((B, tp, H, K), bf16),
+                              ((B * H, tp, K), bf16), ((B * H, tp, C), bf16),
+                              ((B * H, n, 1, 1), f32), ((B, tp, H), f32)]
+    assert not exactly(eqns, "linear_chunk_bwd")  # the fused (TPU) backward is not used
