@@ -7,8 +7,8 @@ Times forward, forward+backward and a one-token decode step (median of many devi
 synchronised runs after warm-up); prints ms, tokens/s, the memory floor (bytes moved over
 the copy bandwidth measured in the same job) and the ratio to the anchor (fla forward for
 "fwd", cuDNN for "fwd+bwd", fla fused recurrent for "decode"); times the GDN backward
-with both preparation backwards side by side ("pallas": XLA's autodiff of the
-preparation, "pallas-pbwd": the Pallas kernel; --skip pbwd to leave it out); checks the bf16 Pallas
+with both preparation backwards side by side ("pallas": the Pallas kernel, the default;
+"pallas-xbwd": XLA's autodiff of the preparation; --skip xbwd to leave it out); checks the bf16 Pallas
 outputs against the float32 chunk form; records peak memory of fwd+bwd at the longest
 shape. Writes <out>/benchmarks.json and <out>/benchmarks.md.
 """
@@ -356,10 +356,10 @@ def main():
             attempt(f"gdn {impl} fwd+bwd {b}x{t}", lambda: record(
                 "gdn", impl, "fwd+bwd", b, t,
                 time_jax(fwd_bwd(gdn_fn(impl), 5), q, k, v, g, beta, do), fb_bytes))
-            if impl == "pallas" and "pbwd" not in skip:  # the Pallas preparation backward
-                attempt(f"gdn pallas-pbwd fwd+bwd {b}x{t}", lambda: record(
-                    "gdn", "pallas-pbwd", "fwd+bwd", b, t,
-                    time_jax(fwd_bwd(gdn_fn("pallas"), 5, "pallas"), q, k, v, g, beta, do),
+            if impl == "pallas" and "xbwd" not in skip:  # XLA's preparation backward
+                attempt(f"gdn pallas-xbwd fwd+bwd {b}x{t}", lambda: record(
+                    "gdn", "pallas-xbwd", "fwd+bwd", b, t,
+                    time_jax(fwd_bwd(gdn_fn("pallas"), 5, "xla"), q, k, v, g, beta, do),
                     fb_bytes))
             if impl == "pallas-xlaprep":
                 if b * t == 16384 and t == 8192:
@@ -394,13 +394,13 @@ def main():
             got = jax.jit(gdn_fn("pallas"))(q, k, v, g, beta)
             gref = fwd_bwd(gdn_fn("chunk"), 3)(f32(q), f32(k), f32(v), g, beta, f32(do))
             ggot = fwd_bwd(gdn_fn("pallas"), 3)(q, k, v, g, beta, do)
-            gpb = fwd_bwd(gdn_fn("pallas"), 3, "pallas")(q, k, v, g, beta, do)
+            gpb = fwd_bwd(gdn_fn("pallas"), 3, "xla")(q, k, v, g, beta, do)
             la_ref = jax.jit(la_fn("chunk"))(f32(qa), f32(ka), f32(va))
             la_got = jax.jit(la_fn("pallas"))(qa, ka, va)
             c = {"gdn_o": rel_rms(got, ref), "linear_o": rel_rms(la_got, la_ref)}
             for name, a_, r_ in zip(("gdn_dq", "gdn_dk", "gdn_dv"), ggot, gref):
                 c[name] = rel_rms(a_, r_)
-            for name, a_, r_ in zip(("pbwd_dq", "pbwd_dk", "pbwd_dv"), gpb, gref):
+            for name, a_, r_ in zip(("xbwd_dq", "xbwd_dk", "xbwd_dv"), gpb, gref):
                 c[name] = rel_rms(a_, r_)
             checks[f"{b}x{t}"] = c
             print(f"# rel RMS error bf16 pallas vs f32 chunk {b}x{t}: "
