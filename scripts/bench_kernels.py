@@ -246,7 +246,13 @@ def main():
         print(f"{op:8s} {impl:16s} {pss:8s} B{b:<2d} T{t:<6d} {seconds * 1e3:9.3f} ms "
               f"{b * t / seconds / 1e6:9.2f} Mtok/s  floor {rec['floor_ms']:.3f} ms", flush=True)
 
-    run_meta = {"run": 1, "commit": git_commit(), "copy_bandwidth_TBps": None,
+    from kernels.pallas import gdn as kp_gdn, recurrence as kp_rec
+    settings = {"prep_bwd": kp_gdn.PREP_BWD, "seq_warps": kp_rec.SEQ_WARPS or "auto",
+                "seq_stages": kp_rec.SEQ_STAGES, "seq_programs": kp_rec.SEQ_PROGRAMS,
+                "min_block_v": kp_rec.MIN_BLOCK_V}
+    print(f"# kernel settings {settings}")
+    run_meta = {"run": 1, "commit": git_commit(), "settings": settings,
+                "copy_bandwidth_TBps": None,
                 "peak_memory": {}, "accuracy_rel_rms": {}, "failures": notes,
                 "command": "python scripts/bench_kernels.py " + " ".join(sys.argv[1:]),
                 "records": records}
@@ -405,7 +411,7 @@ def main():
             checks[f"{b}x{t}"] = c
             print(f"# rel RMS error bf16 pallas vs f32 chunk {b}x{t}: "
                   + ", ".join(f"{n} {x:.2e}" for n, x in c.items()), flush=True)
-        if "chunk" not in skip and (b, t) in chunk_shapes and b * t <= 16384:
+        if (b, t) in chunk_shapes and b * t <= 16384:   # also with the chunk rows skipped
             attempt(f"accuracy {b}x{t}", acc)
 
     write_outputs(pathlib.Path(args.out), [run_meta])
@@ -506,8 +512,9 @@ def markdown(runs):
         lines += [f"## Run {meta['run']} (code {meta.get('commit') or '?'})", "",
                   f"`{meta['command']}`; {head.get('device', '?')}, jax "
                   f"{head.get('jax', '?')}, {head.get('date', '?')}; copy bandwidth "
-                  f"{meta['copy_bandwidth_TBps']} TB/s.", "",
-                  "| op | impl | pass | B | T | ms | Mtok/s | floor ms | x anchor |",
+                  f"{meta['copy_bandwidth_TBps']} TB/s."
+                  + (f" Kernel settings: {meta['settings']}." if meta.get("settings") else ""),
+                  "", "| op | impl | pass | B | T | ms | Mtok/s | floor ms | x anchor |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for r in sorted(recs, key=lambda r: (r["pass"], r["T"], r["op"], r["impl"])):
             tok = r["B"] * r["T"] / (r["ms"] / 1e3) / 1e6

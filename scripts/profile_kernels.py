@@ -138,9 +138,55 @@ def tune(out):
         attempt("gdn fwd B1 T32768", f"min block_v={minbv}", lambda: gdn_fwd(1, 32768))
         attempt("gdn fwd+bwd B1 T32768", f"min block_v={minbv}", lambda: gdn_fb(1, 32768))
         attempt("gdn fwd+bwd B2 T8192", f"min block_v={minbv}", lambda: gdn_fb(2, 8192))
-    recurrence.MIN_BLOCK_V = 32
+    recurrence.MIN_BLOCK_V = 16
     del kp
     return rows
+
+
+def tune_sequential(out):
+    """Settings of the sequential GPU kernels (recurrence.SEQ_WARPS / SEQ_STAGES /
+    SEQ_PROGRAMS), one change at a time from the defaults, timed side by side on GDN
+    fwd+bwd at B2 T8192 and fwd at B1 T32768. Writes DIR/seq.json and DIR/best_seq.env
+    (the setting with the least summed time, as the environment variables that select
+    it) so a job can benchmark with it."""
+    from kernels.pallas import recurrence
+    default = {"warps": 0, "stages": 2, "programs": 128}
+    settings = [default, {**default, "stages": 1}, {**default, "stages": 3},
+                {**default, "programs": 256}]
+    rows = []
+    for st in settings:
+        recurrence.SEQ_WARPS, recurrence.SEQ_STAGES, recurrence.SEQ_PROGRAMS = (
+            st["warps"], st["stages"], st["programs"])
+        times = {}
+        for name, b, t, fb in (("fwd+bwd B2 T8192", 2, 8192, True),
+                               ("fwd B1 T32768", 1, 32768, False)):
+            xs = bk.gdn_inputs(jax.random.PRNGKey(b * t), b, t)
+            try:
+                if fb:
+                    times[name] = bk.time_jax(bk.fwd_bwd(bk.gdn_fn("pallas"), 5), *xs,
+                                              jnp.ones_like(xs[2]))
+                else:
+                    times[name] = bk.time_jax(jax.jit(bk.gdn_fn("pallas")), *xs)
+            except Exception as e:  # noqa: BLE001
+                print(f"  seq {st} {name}: FAILED {type(e).__name__}: "
+                      f"{str(e).splitlines()[0][:200]}", flush=True)
+                times[name] = float("inf")
+        rows.append({**st, **{k: v * 1e3 for k, v in times.items()}})
+        print(f"  seq {st}: " + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in times.items()),
+              flush=True)
+        if out:
+            d = pathlib.Path(out)
+            d.mkdir(parents=True, exist_ok=True)
+            (d / "seq.json").write_text(json.dumps(rows, indent=1))
+    recurrence.SEQ_WARPS, recurrence.SEQ_STAGES, recurrence.SEQ_PROGRAMS = 0, 2, 128
+    best = min(rows, key=lambda r: r["fwd+bwd B2 T8192"] + r["fwd B1 T32768"])
+    print(f"  best: {best}", flush=True)
+    if out:
+        (pathlib.Path(out) / "best_seq.env").write_text(
+            f"export KERNELS_PALLAS_SEQ_WARPS={best['warps']} "
+            f"KERNELS_PALLAS_SEQ_STAGES={best['stages']} "
+            f"KERNELS_PALLAS_SEQ_PROGRAMS={best['programs']}\n")
+    return best
 
 
 def main():
@@ -150,9 +196,14 @@ def main():
     ap.add_argument("--what", default="gdn-fwd,gdn-fwdbwd,gdn-fwdbwd-pbwd,linear-fwdbwd")
     ap.add_argument("--top", type=int, default=14)
     ap.add_argument("--tune", action="store_true", help="time the tunables instead")
+    ap.add_argument("--tune-seq", action="store_true",
+                    help="time warps x stages of the sequential kernels instead")
     args = ap.parse_args()
     if args.tune:
         tune(args.out)
+        return
+    if args.tune_seq:
+        tune_sequential(args.out)
         return
     results = {}
     for spec in args.shapes.split(","):

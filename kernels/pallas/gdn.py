@@ -150,6 +150,6 @@ def gated_delta_rule(q, k, v, log_alpha, beta, *, initial_state=None, return_sta
                  block_v=block_v(kdim, vdim, variant, b * h, block_v_cols))
     o, st = chunk_recurrence(w, ut, q, k, p, gcl, prep.in_chunk_cumsum(g, c),
                              s0.reshape(b * h, kdim, vdim), cfg)
-    o = common.from_chunk_major(o, b, h)[:, :t]
+    o = o[:, :t]
     st = st.reshape(b, h, kdim, vdim)
     return (o, st) if return_state else o

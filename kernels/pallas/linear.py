@@ -95,10 +95,10 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None,
         else:
             qg, kd = prep.decayed(qc, kc, gc)
         den, z = _normaliser(qg, kd, p, gcl, z0)
-        o = o.reshape(b, h, tp, dv) / (den.reshape(b, h, tp)[..., None] + eps)
-        o = jnp.moveaxis(o, 1, 2)[:, :t].astype(dtype)
+        den = jnp.moveaxis(den.reshape(b, h, tp), 1, 2)            # (B, Tp, H)
+        o = (o / (den[..., None] + eps))[:, :t].astype(dtype)
         state = (st, z)
     else:
-        o = common.from_chunk_major(o, b, h)[:, :t]
+        o = o[:, :t]
         state = st
     return (o, state) if return_state else o

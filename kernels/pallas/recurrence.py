@@ -34,6 +34,7 @@ K V values per head in the input dtype (every use casts them to it).
 from __future__ import annotations
 
 import functools
+import os
 from typing import NamedTuple
 
 import jax
@@ -45,7 +46,25 @@ from kernels.pallas import common
 
 
 # Narrowest value block the adaptive split goes down to (block_v); read when traced.
-MIN_BLOCK_V = 32
+# 16 rather than 32: 128 programs instead of 64 at B1 H16, GDN fwd 2.23 -> 2.18 ms and
+# fwd+bwd 6.22 -> 6.04 ms at T32768 on the H200 (profile_kernels --tune, side by side).
+MIN_BLOCK_V = 16
+
+
+# Triton settings of the two sequential (loop over chunks) GPU kernels, forward and the
+# backward's dS pass: warps per program (0: 4 up to a 128 x 64 state slice, else 8) and
+# pipeline stages. Read when traced; the environment sets them at import
+# (KERNELS_PALLAS_SEQ_WARPS / _STAGES; scripts/profile_kernels.py --tune times them).
+SEQ_WARPS = int(os.environ.get("KERNELS_PALLAS_SEQ_WARPS", "0"))
+SEQ_STAGES = int(os.environ.get("KERNELS_PALLAS_SEQ_STAGES", "2"))
+# block_v narrows the value blocks (down to MIN_BLOCK_V) until the sequential kernels run
+# at least this many programs (the H200 has 132 SMs; KERNELS_PALLAS_SEQ_PROGRAMS).
+SEQ_PROGRAMS = int(os.environ.get("KERNELS_PALLAS_SEQ_PROGRAMS", "128"))
+
+
+def _sequential_params(kdim, bv):
+    warps = SEQ_WARPS or (4 if kdim * bv <= 8192 else 8)
+    return common.compiler_params("gpu", num_warps=warps, num_stages=SEQ_STAGES)
 
 
 class Config(NamedTuple):
@@ -164,6 +183,11 @@ def _gpu_in_specs(has_w, has_g, h, tp, kdim, bv, c, n):
     return specs
 
 
+def _gpu_token_spec(tp, bv):
+    """One head's value block of a (B, Tp, H, V) array (O, dO) on the grid (B, H, blocks)."""
+    return pl.BlockSpec((None, tp, None, bv), lambda bi, hi, j: (bi, 0, hi, j))
+
+
 def _tpu_in_specs(has_w, has_g, kdim, vdim, c, chunk_index):
     """BlockSpecs for [w] ut q k p gcl [gam] on the TPU grid (B*H, chunks)."""
     ci = chunk_index
@@ -229,7 +253,8 @@ def _forward(w, ut, q, k, p, gcl, gam, s0, cfg: Config, save: bool):
     c = cfg.chunk
     n = tp // c
     has_w, has_g = w is not None, gam is not None
-    out_shapes = [jax.ShapeDtypeStruct((bh, tp, vdim), jnp.dtype(cfg.out_dtype)),
+    o_shape = (b, tp, h, vdim) if cfg.variant == "gpu" else (bh, tp, vdim)
+    out_shapes = [jax.ShapeDtypeStruct(o_shape, jnp.dtype(cfg.out_dtype)),
                   jax.ShapeDtypeStruct((bh, kdim, vdim), jnp.float32)]
     if save:  # chunk-start states, in the input dtype: every use casts them to it first
         out_shapes.append(jax.ShapeDtypeStruct((bh, n, kdim, vdim), ut.dtype))
@@ -239,10 +264,9 @@ def _forward(w, ut, q, k, p, gcl, gam, s0, cfg: Config, save: bool):
     if cfg.variant == "gpu":
         bv = cfg.block_v
         row = lambda bi, hi: bi * h + hi  # noqa: E731
-        vspec = pl.BlockSpec((None, tp, bv), lambda bi, hi, j: (row(bi, hi), 0, j))
         sspec = pl.BlockSpec((None, kdim, bv), lambda bi, hi, j: (row(bi, hi), 0, j))
         in_specs = _gpu_in_specs(has_w, has_g, h, tp, kdim, bv, c, n) + [sspec]
-        out_specs = [vspec, sspec]
+        out_specs = [_gpu_token_spec(tp, bv), sspec]   # O in the inputs' (B, Tp, H, V)
         if save:
             out_specs.append(pl.BlockSpec((None, n, kdim, bv),
                                           lambda bi, hi, j: (row(bi, hi), 0, 0, j)))
@@ -251,8 +275,7 @@ def _forward(w, ut, q, k, p, gcl, gam, s0, cfg: Config, save: bool):
         return pl.pallas_call(
             kernel, grid=(b, h, vdim // bv), in_specs=in_specs, out_specs=out_specs,
             out_shape=out_shapes, interpret=common.interpret(),
-            compiler_params=common.compiler_params("gpu", num_warps=4 if kdim * bv <= 8192
-                                                   else 8, num_stages=2),
+            compiler_params=_sequential_params(kdim, bv),
             name="linear_chunk_fwd")(*args)
 
     vspec = pl.BlockSpec((None, c, vdim), lambda i, j: (i, j, 0))
@@ -262,11 +285,12 @@ def _forward(w, ut, q, k, p, gcl, gam, s0, cfg: Config, save: bool):
     if save:
         out_specs.append(pl.BlockSpec((None, None, kdim, vdim), lambda i, j: (i, j, 0, 0)))
     kernel = functools.partial(_fwd_kernel_tpu, has_w=has_w, has_g=has_g, save=save)
-    return pl.pallas_call(
+    o, *rest = pl.pallas_call(
         kernel, grid=(bh, n), in_specs=in_specs, out_specs=out_specs, out_shape=out_shapes,
         scratch_shapes=[common.pltpu.VMEM((kdim, vdim), jnp.float32)],
         interpret=common.interpret(), compiler_params=common.compiler_params("tpu"),
         name="linear_chunk_fwd")(*args)
+    return [common.from_chunk_major(o, b, h), *rest]
 
 
 # ----------------------------------------------------------------------------- backward kernels
@@ -371,7 +395,6 @@ def _backward_gpu(w, ut, q, k, p, gcl, gam, h, do, dst, cfg: Config):
     has_w, has_g = w is not None, gam is not None
     bv = cfg.block_v
     row = lambda bi, hi: bi * nh + hi  # noqa: E731
-    warps = 4 if kdim * bv <= 8192 else 8
     lead = ([w] if has_w else []) + [ut, q, k, p, gcl] + ([gam] if has_g else [])
 
     # pass 1: dU and dS' per chunk, sequential; grid (B, H, value blocks)
@@ -381,25 +404,27 @@ def _backward_gpu(w, ut, q, k, p, gcl, gam, h, do, dst, cfg: Config):
         functools.partial(_dstate_kernel_gpu, has_w=has_w, has_g=has_g, chunk=c,
                           num_chunks=n),
         grid=(b, nh, vdim // bv),
-        in_specs=_gpu_in_specs(has_w, has_g, nh, tp, kdim, bv, c, n) + [vspec, sspec],
+        in_specs=(_gpu_in_specs(has_w, has_g, nh, tp, kdim, bv, c, n)
+                  + [_gpu_token_spec(tp, bv), sspec]),
         out_specs=[vspec, pl.BlockSpec((None, n, kdim, bv),
                                        lambda bi, hi, j: (row(bi, hi), 0, 0, j)), sspec],
         out_shape=[jax.ShapeDtypeStruct((bh, tp, vdim), dt),
                    jax.ShapeDtypeStruct((bh, n, kdim, vdim), dt),
                    jax.ShapeDtypeStruct((bh, kdim, vdim), jnp.float32)],
         interpret=common.interpret(),
-        compiler_params=common.compiler_params("gpu", num_warps=warps, num_stages=2),
+        compiler_params=_sequential_params(kdim, bv),
         name="linear_chunk_bwd_dstate")(*lead, do, dst)
 
     # pass 2: everything else, parallel over chunks; grid (B, H, chunks)
     crow = lambda width: pl.BlockSpec(  # noqa: E731  (one chunk's rows of a (BH, Tp, width))
         (None, c, width), lambda bi, hi, i: (row(bi, hi), i, 0))
     tok = pl.BlockSpec((None, c, None, kdim), lambda bi, hi, i: (bi, i, hi, 0))
+    tok_v = pl.BlockSpec((None, c, None, vdim), lambda bi, hi, i: (bi, i, hi, 0))
     state = pl.BlockSpec((None, None, kdim, vdim), lambda bi, hi, i: (row(bi, hi), i, 0, 0))
     one = pl.BlockSpec((None, None, 1, 1), lambda bi, hi, i: (row(bi, hi), i, 0, 0))
     gspec = pl.BlockSpec((None, c, None), lambda bi, hi, i: (bi, i, hi))
     in_specs = (([crow(kdim)] if has_w else []) + [crow(vdim), tok, tok, crow(c), one]
-                + ([gspec] if has_g else []) + [state, state, crow(vdim), crow(vdim)])
+                + ([gspec] if has_g else []) + [state, state, tok_v, crow(vdim)])
     out_specs = [tok, tok] + ([crow(kdim)] if has_w else []) + [crow(c), one] + (
         [gspec] if has_g else [])
     out_shape = ([jax.ShapeDtypeStruct(q.shape, q.dtype)] * 2
@@ -523,7 +548,7 @@ def _chain_decay(dqg, dkd, dgcl, q, k, gcl, gam, chunk):
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(8,))
 def chunk_recurrence(w, ut, q, k, p, gcl, gam, s0, cfg: Config):
-    """(O (BH, Tp, V) in cfg.out_dtype, final state (BH, K, V) float32).
+    """(O (B, Tp, H, V) in cfg.out_dtype, final state (BH, K, V) float32).
 
     w: (BH, Tp, K) or None; ut: (BH, Tp, V); q, k: (B, Tp, H, K), the op's (padded)
     inputs; p: (BH, Tp, C); gcl: (BH, N, 1, 1) float32; gam: (B, Tp, H) float32, the
@@ -542,11 +567,14 @@ def _vjp_fwd(w, ut, q, k, p, gcl, gam, s0, cfg):
 def _vjp_bwd(cfg, res, cts):
     w, ut, q, k, p, gcl, gam, h = res
     do, dst = cts
-    args = (w, ut, q, k, p, gcl, gam, h, do, dst.astype(jnp.float32), cfg)
+    dst = dst.astype(jnp.float32)
     if cfg.variant == "gpu":
-        dw, dut, dq, dk, dp, dgcl, dgam, ds0 = _backward_gpu(*args)
+        dw, dut, dq, dk, dp, dgcl, dgam, ds0 = _backward_gpu(
+            w, ut, q, k, p, gcl, gam, h, do, dst, cfg)
     else:
-        dw, dut, dqg, dkd, dp, dgcl, ds0 = _backward_tpu(*args)
+        do = common.to_chunk_major(do, q.shape[0], q.shape[2])
+        dw, dut, dqg, dkd, dp, dgcl, ds0 = _backward_tpu(
+            w, ut, q, k, p, gcl, gam, h, do, dst, cfg)
         dq, dk, dgam, dgcl = _chain_decay(dqg, dkd, dgcl, q, k, gcl, gam, cfg.chunk)
     cast = lambda g, like: None if like is None else g.astype(like.dtype)  # noqa: E731
     return (cast(dw, w), cast(dut, ut), cast(dq, q), cast(dk, k), cast(dp, p), dgcl, dgam,
@@ -566,6 +594,6 @@ def block_v(kdim: int, vdim: int, variant: str, programs: int = 1 << 30,
     if force is not None:
         return min(force, vdim)
     bv = min(64 if kdim <= 128 else 32, vdim)
-    while bv > MIN_BLOCK_V and programs * (vdim // bv) < 128:
+    while bv > MIN_BLOCK_V and programs * (vdim // bv) < SEQ_PROGRAMS:
         bv //= 2
     return bv
