@@ -56,7 +56,7 @@ MIN_BLOCK_V = 16
 # pipeline stages. Read when traced; the environment sets them at import
 # (KERNELS_PALLAS_SEQ_WARPS / _STAGES; scripts/profile_kernels.py --tune times them).
 SEQ_WARPS = int(os.environ.get("KERNELS_PALLAS_SEQ_WARPS", "0"))
-SEQ_STAGES = int(os.environ.get("KERNELS_PALLAS_SEQ_STAGES", "2"))
+SEQ_STAGES = int(os.environ.get("KERNELS_PALLAS_SEQ_STAGES", "3"))
 # block_v narrows the value blocks (down to MIN_BLOCK_V) until the sequential kernels run
 # at least this many programs (the H200 has 132 SMs; KERNELS_PALLAS_SEQ_PROGRAMS).
 SEQ_PROGRAMS = int(os.environ.get("KERNELS_PALLAS_SEQ_PROGRAMS", "128"))
