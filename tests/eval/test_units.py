@@ -142,6 +142,32 @@ def test_best_lr_averages_seeds_and_skips_diverged():
     assert "0.750 (lr 0.01)" in md
 
 
+def test_niah_summary_reports_the_training_length_separately():
+    """Exact match at the training length is the mean over depths at that length only;
+    the grid mean covers every length; two seeds average."""
+    def cells(at_train, longer):
+        return {"train_length": 512, "cells": [
+            {"length": 512, "depth": 0.0, "exact": at_train[0]},
+            {"length": 512, "depth": 1.0, "exact": at_train[1]},
+            {"length": 1024, "depth": 0.0, "exact": longer},
+            {"length": 1024, "depth": 1.0, "exact": longer}]}
+
+    def rec(seed, at_train, longer, multikey):
+        grid, grid_mk = cells(at_train, longer), cells(multikey, 0.0)
+        mean = lambda g: sum(c["exact"] for c in g["cells"]) / 4  # noqa: E731
+        return {"task": "niah", "setting": "L512", "mixer": "hybrid", "size": "d256",
+                "lr": 1e-3, "seed": seed, "state_size": 7,
+                "metrics": {"exact": mean(grid), "grid": grid, "grid_multikey": grid_mk,
+                            "exact_multikey": mean(grid_mk)}}
+
+    recs = [rec(0, (1.0, 0.5), 0.0, (0.5, 0.5)), rec(1, (1.0, 1.0), 0.5, (1.0, 1.0))]
+    table = report.niah_summary_table(report.best_lr(recs))
+    row = table.splitlines()[2].strip("| ").split(" | ")
+    # @train: passkey (0.75 + 1.0) / 2, multi-key (0.5 + 1.0) / 2; grid: (0.375 + 0.75) / 2
+    assert row[6:10] == ["0.875", "0.750", "0.562", "0.375"]
+    assert "| 512 |" in table
+
+
 def _oracle_mqar_stats(window_pairs):
     """An MQAR 'model' that remembers only the last `window_pairs` key-value pairs of the
     context (a sliding window): right at a query iff its key is among them."""
