@@ -87,6 +87,20 @@ def gdn_inputs(key, b, t, dtype=jnp.bfloat16):
     return q, k, v, g, beta
 
 
+def decode_inputs(key=None):
+    """One decoding step's q, k, v, log_alpha, beta and float32 state, B64 (DECODE_B) H D."""
+    ks = jax.random.split(jax.random.PRNGKey(7) if key is None else key, 6)
+    shape = (DECODE_B, H, D)
+    q = jax.random.normal(ks[0], shape, jnp.bfloat16)
+    k = jax.random.normal(ks[1], shape, jnp.float32)
+    k = (k / jnp.linalg.norm(k, axis=-1, keepdims=True)).astype(jnp.bfloat16)
+    v = jax.random.normal(ks[2], shape, jnp.bfloat16)
+    g = jax.nn.log_sigmoid(jax.random.normal(ks[3], shape[:2]))
+    beta = jax.nn.sigmoid(jax.random.uniform(ks[4], shape[:2]))
+    state = jax.random.normal(ks[5], shape + (D,), jnp.float32)
+    return q, k, v, g, beta, state
+
+
 def la_inputs(key, b, t, dtype=jnp.bfloat16):
     """Positive features (a feature map's output), normalised so sums stay O(1)."""
     kq, kk, kv = jax.random.split(key, 3)
@@ -309,15 +323,7 @@ def main():
 
     checks = run_meta["accuracy_rel_rms"]
     # decode: one token, B64 H16 D128, float32 state
-    key = jax.random.PRNGKey(7)
-    ks = jax.random.split(key, 6)
-    qd = jax.random.normal(ks[0], (DECODE_B, H, D), jnp.bfloat16)
-    kd_ = jax.random.normal(ks[1], (DECODE_B, H, D), jnp.float32)
-    kd_ = (kd_ / jnp.linalg.norm(kd_, axis=-1, keepdims=True)).astype(jnp.bfloat16)
-    vd = jax.random.normal(ks[2], (DECODE_B, H, D), jnp.bfloat16)
-    gd = jax.nn.log_sigmoid(jax.random.normal(ks[3], (DECODE_B, H)))
-    bd = jax.nn.sigmoid(jax.random.uniform(ks[4], (DECODE_B, H)))
-    sd = jax.random.normal(ks[5], (DECODE_B, H, D, D), jnp.float32)
+    qd, kd_, vd, gd, bd, sd = decode_inputs()
     dec_bytes = 2 * sd.nbytes
     xla_step = jax.jit(kp.gated_delta_step, donate_argnums=(5,))
 

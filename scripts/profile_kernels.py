@@ -95,15 +95,7 @@ def tune(out):
                   f"{str(e).splitlines()[0][:200]}", flush=True)
 
     # decode step, B64 H16 D128 (the benchmark's inputs)
-    ks = jax.random.split(jax.random.PRNGKey(7), 6)
-    b, h, d = bk.DECODE_B, bk.H, bk.D
-    qd = jax.random.normal(ks[0], (b, h, d), jnp.bfloat16)
-    kd = jax.random.normal(ks[1], (b, h, d), jnp.float32)
-    kd = (kd / jnp.linalg.norm(kd, axis=-1, keepdims=True)).astype(jnp.bfloat16)
-    vd = jax.random.normal(ks[2], (b, h, d), jnp.bfloat16)
-    gd = jax.nn.log_sigmoid(jax.random.normal(ks[3], (b, h)))
-    bd = jax.nn.sigmoid(jax.random.uniform(ks[4], (b, h)))
-    sd = jax.random.normal(ks[5], (b, h, d, d), jnp.float32)
+    qd, kd, vd, gd, bd, sd = bk.decode_inputs()
     for bv in (32, 64, 128):
         for warps in (2, 4, 8):
             state = {"s": jnp.array(sd)}
