@@ -1,0 +1,52 @@
+"""The benchmark and profiling scripts' own logic (not their timings): anchors are taken
+from the same run and shape only, and the profile sums device events per kernel name,
+ignoring host events."""
+import gzip
+import json
+
+import pytest
+
+import scripts.bench_kernels as bk
+import scripts.profile_kernels as pk
+
+
+def _rec(op, impl, pss, b, t, ms):
+    return {"op": op, "impl": impl, "pass": pss, "B": b, "T": t, "ms": ms}
+
+
+def test_ratios_use_the_anchor_of_the_same_pass_and_shape():
+    recs = [_rec("gdn", "fla", "fwd", 8, 2048, 0.5), _rec("gdn", "pallas", "fwd", 8, 2048, 0.4),
+            _rec("gdn", "pallas", "fwd", 2, 8192, 0.8),              # no fla row at this shape
+            _rec("softmax", "cudnn", "fwd+bwd", 8, 2048, 2.0),
+            _rec("gdn", "pallas", "fwd+bwd", 8, 2048, 1.0),
+            _rec("linear", "pallas", "fwd", 8, 2048, 0.3),           # linear's anchor is fla linear
+            _rec("linear", "fla", "fwd", 8, 2048, 0.6)]
+    bk.add_ratios(recs)
+    ratio = {(r["op"], r["impl"], r["pass"], r["T"]): r["ratio_to_anchor"] for r in recs}
+    assert ratio[("gdn", "pallas", "fwd", 2048)] == pytest.approx(0.8)
+    assert ratio[("gdn", "pallas", "fwd", 8192)] is None
+    assert ratio[("gdn", "pallas", "fwd+bwd", 2048)] == pytest.approx(0.5)
+    assert ratio[("linear", "pallas", "fwd", 2048)] == pytest.approx(0.5)
+    assert ratio[("gdn", "fla", "fwd", 2048)] == pytest.approx(1.0)
+
+
+def test_profile_sums_device_events_by_kernel_name(tmp_path):
+    events = [
+        {"ph": "M", "name": "process_name", "pid": 1, "args": {"name": "/device:GPU:0"}},
+        {"ph": "M", "name": "process_name", "pid": 2, "args": {"name": "/host:CPU"}},
+        {"ph": "X", "name": "linear_chunk_fwd", "pid": 1, "tid": 7, "dur": 300.0},
+        {"ph": "X", "name": "linear_chunk_fwd", "pid": 1, "tid": 8, "dur": 100.0},
+        {"ph": "X", "name": "gdn_chunk_prep", "pid": 1, "tid": 7, "dur": 50.0},
+        {"ph": "X", "name": "PjitFunction", "pid": 2, "tid": 1, "dur": 9999.0},   # host
+        {"ph": "i", "name": "marker", "pid": 1, "tid": 7},                          # not a span
+    ]
+    run = tmp_path / "plugins" / "profile" / "run1"
+    run.mkdir(parents=True)
+    with gzip.open(run / "host.trace.json.gz", "wt") as fh:
+        json.dump({"traceEvents": events}, fh)
+    got, procs = pk.device_events(tmp_path)
+    assert sorted(got) == [("gdn_chunk_prep", 50.0), ("linear_chunk_fwd", 100.0),
+                           ("linear_chunk_fwd", 300.0)]
+    assert procs == ["/device:GPU:0", "/host:CPU"]
+    with pytest.raises(FileNotFoundError):
+        pk.device_events(tmp_path / "plugins" / "profile" / "missing")
