@@ -118,7 +118,9 @@ def _fwd_chunk(s, w, ut, q, k, p, gcl, gam):
 
 
 def _bwd_chunk(s, ds, w, ut, q, k, p, gcl, gam, do):
-    """Vector-Jacobian product of one chunk. s: chunk-start state, ds: dL/d(next state).
+    """Vector-Jacobian product of one chunk (the TPU backward; the GPU splits the same
+    math into _dstate_kernel_gpu and _grads_kernel_gpu). s: chunk-start state,
+    ds: dL/d(next state).
     Returns (ds_prev, dut, dw, dqg, dkd, dp, dgcl); dqg, dkd are w.r.t. Qg, Kd (the exp
     factors are applied outside, in _chain_decay)."""
     dt = ut.dtype
