@@ -136,19 +136,22 @@ def tune(out):
 
 
 def tune_sequential(out):
-    """Settings of the sequential GPU kernels (recurrence.SEQ_WARPS / SEQ_STAGES /
-    SEQ_PROGRAMS), one change at a time from the defaults, timed side by side on GDN
+    """Settings of the backward/sequential GPU kernels (recurrence.SEQ_WARPS / SEQ_STAGES
+    / SEQ_PROGRAMS / GRADS_WARPS), one change at a time from the current defaults, timed side by side on GDN
     fwd+bwd at B2 T8192 and fwd at B1 T32768. Writes DIR/seq.json and DIR/best_seq.env
     (the setting with the least summed time, as the environment variables that select
     it) so a job can benchmark with it."""
     from kernels.pallas import recurrence
-    default = {"warps": 0, "stages": 2, "programs": 128}
-    settings = [default, {**default, "stages": 1}, {**default, "stages": 3},
-                {**default, "programs": 256}]
+    default = {"warps": recurrence.SEQ_WARPS, "stages": recurrence.SEQ_STAGES,
+               "programs": recurrence.SEQ_PROGRAMS, "grads_warps": recurrence.GRADS_WARPS}
+    settings = [default, {**default, "stages": default["stages"] - 1},
+                {**default, "stages": default["stages"] + 1},
+                {**default, "grads_warps": 4 if default["grads_warps"] == 8 else 8}]
     rows = []
     for st in settings:
-        recurrence.SEQ_WARPS, recurrence.SEQ_STAGES, recurrence.SEQ_PROGRAMS = (
-            st["warps"], st["stages"], st["programs"])
+        (recurrence.SEQ_WARPS, recurrence.SEQ_STAGES, recurrence.SEQ_PROGRAMS,
+         recurrence.GRADS_WARPS) = (st["warps"], st["stages"], st["programs"],
+                                    st["grads_warps"])
         times = {}
         for name, b, t, fb in (("fwd+bwd B2 T8192", 2, 8192, True),
                                ("fwd B1 T32768", 1, 32768, False)):
@@ -170,14 +173,17 @@ def tune_sequential(out):
             d = pathlib.Path(out)
             d.mkdir(parents=True, exist_ok=True)
             (d / "seq.json").write_text(json.dumps(rows, indent=1))
-    recurrence.SEQ_WARPS, recurrence.SEQ_STAGES, recurrence.SEQ_PROGRAMS = 0, 2, 128
+    (recurrence.SEQ_WARPS, recurrence.SEQ_STAGES, recurrence.SEQ_PROGRAMS,
+     recurrence.GRADS_WARPS) = (default["warps"], default["stages"], default["programs"],
+                                default["grads_warps"])
     best = min(rows, key=lambda r: r["fwd+bwd B2 T8192"] + r["fwd B1 T32768"])
     print(f"  best: {best}", flush=True)
     if out:
         (pathlib.Path(out) / "best_seq.env").write_text(
             f"export KERNELS_PALLAS_SEQ_WARPS={best['warps']} "
             f"KERNELS_PALLAS_SEQ_STAGES={best['stages']} "
-            f"KERNELS_PALLAS_SEQ_PROGRAMS={best['programs']}\n")
+            f"KERNELS_PALLAS_SEQ_PROGRAMS={best['programs']} "
+            f"KERNELS_PALLAS_GRADS_WARPS={best['grads_warps']}\n")
     return best
 
 

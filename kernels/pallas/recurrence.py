@@ -62,6 +62,13 @@ SEQ_STAGES = int(os.environ.get("KERNELS_PALLAS_SEQ_STAGES", "3"))
 SEQ_PROGRAMS = int(os.environ.get("KERNELS_PALLAS_SEQ_PROGRAMS", "128"))
 
 
+# Triton settings of the backward's chunk-parallel gradient kernel (_grads_kernel_gpu);
+# not yet tuned on the GPU (profile_kernels --tune-seq times 4 warps against 8;
+# KERNELS_PALLAS_GRADS_WARPS).
+GRADS_WARPS = int(os.environ.get("KERNELS_PALLAS_GRADS_WARPS", "8"))
+GRADS_STAGES = 1
+
+
 def _sequential_params(kdim, bv):
     warps = SEQ_WARPS or (4 if kdim * bv <= 8192 else 8)
     return common.compiler_params("gpu", num_warps=warps, num_stages=SEQ_STAGES)
@@ -439,7 +446,8 @@ def _backward_gpu(w, ut, q, k, p, gcl, gam, h, do, dst, cfg: Config):
                           block_cols=min(vdim, 64)),
         grid=(b, nh, n), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
         interpret=common.interpret(),
-        compiler_params=common.compiler_params("gpu", num_warps=8, num_stages=1),
+        compiler_params=common.compiler_params("gpu", num_warps=GRADS_WARPS,
+                                               num_stages=GRADS_STAGES),
         name="linear_chunk_bwd_grads")(*lead, h, dh, do, du)
     dq, dk, *outs = outs
     dw = outs.pop(0) if has_w else None
