@@ -384,15 +384,18 @@ def sweep(cfg: Mapping[str, Any], workdir: str, *, python: str = sys.executable,
 
     shard "i/n": run only every n-th grid entry from the i-th, so n processes (on one GPU
     or several) share a sweep directory; the tables cover every finished run.
+    only: run only grid entries whose name contains it.
     report_only: run nothing, rebuild results.jsonl / results.md / plots.
+    The tables and plots cover every finished run of the grid, whatever only/shard say.
     """
-    runs = expand_grid(cfg)
-    if only:
-        runs = [r for r in runs if only in r["name"]]
+    grid = expand_grid(cfg)
+    # `only` and `shard` choose what this invocation runs; the tables always cover every
+    # finished run of the grid (other invocations may have run the rest)
+    runs = [r for r in grid if only in r["name"]] if only else grid
     i, n = parse_shard(shard)
     os.makedirs(workdir, exist_ok=True)
     if report_only:
-        return write_outputs(cfg, runs, workdir)
+        return write_outputs(cfg, grid, workdir)
     start = time.time()
     deadline = start + max_wall_s if max_wall_s else None
     todo = [r for r in runs[i::n]
@@ -422,7 +425,7 @@ def sweep(cfg: Mapping[str, Any], workdir: str, *, python: str = sys.executable,
                 common.write_json(os.path.join(run_dir, "partial.json"), rec)
                 log(f"compare: {run['name']}: {rec['partial']}; kept as partial.json, "
                     "redone by the next invocation")
-                write_outputs(cfg, runs, workdir)
+                write_outputs(cfg, grid, workdir)
                 break
             for stale in ("failed.json", "partial.json"):
                 if os.path.exists(os.path.join(run_dir, stale)):
@@ -430,10 +433,10 @@ def sweep(cfg: Mapping[str, Any], workdir: str, *, python: str = sys.executable,
             common.write_json(os.path.join(run_dir, "done.json"), rec)
             metrics = {k: v for k, v in rec["metrics"].items() if isinstance(v, (int, float))}
             log(f"compare: {run['name']} done in {rec['wall_s']:.0f}s: {metrics}")
-        write_outputs(cfg, runs, workdir)
+        write_outputs(cfg, grid, workdir)
         bar.update(1)
     bar.close()
-    return write_outputs(cfg, runs, workdir)
+    return write_outputs(cfg, grid, workdir)
 
 
 @common.user_errors

@@ -104,6 +104,23 @@ def test_shards_split_the_grid_and_share_the_tables(mqar_sweep, tmp_path):
             compare.parse_shard(bad)
 
 
+def test_only_filters_what_runs_not_what_the_tables_show(mqar_sweep, tmp_path):
+    """--only picks the runs of this invocation; results.jsonl / results.md still cover
+    every finished run (e.g. ones an earlier --only invocation ran)."""
+    import shutil
+
+    from eval import compare
+
+    cfg, workdir, records, _ = mqar_sweep
+    wd = tmp_path / "only"
+    shutil.copytree(workdir, wd)
+    got = compare.sweep(cfg, str(wd), only="softmax__d16__lr0.03", progress=False)
+    assert [r["run"] for r in got] == [r["run"] for r in records]   # nothing new ran
+    lines = [json.loads(x)["run"] for x in (wd / "results.jsonl").read_text().splitlines()]
+    assert lines == [r["run"] for r in records]
+    assert "2 finished runs" in (wd / "results.md").read_text()
+
+
 def test_grid_expansion_of_the_full_configs():
     from eval import compare
 
