@@ -8,7 +8,8 @@ synchronised runs after warm-up); prints ms, tokens/s, the memory floor (bytes m
 the copy bandwidth measured in the same job) and the ratio to the anchor (fla forward for
 "fwd", cuDNN for "fwd+bwd", fla fused recurrent for "decode"); times the GDN backward
 with both preparation backwards side by side ("pallas": the Pallas kernel, the default;
-"pallas-xbwd": XLA's autodiff of the preparation; --skip xbwd to leave it out); checks the bf16 Pallas
+"pallas-xbwd": XLA's autodiff of the preparation; --skip xbwd to leave it out) and with
+the other setting of gdn.FUSED_VJP ("pallas-fvjp1" / "pallas-fvjp0"; --skip fvjp); checks the bf16 Pallas
 outputs against the float32 chunk form; records peak memory of fwd+bwd at the longest
 shape. Writes <out>/benchmarks.json and <out>/benchmarks.md.
 """
@@ -136,19 +137,22 @@ def cudnn_fn(q, k, v):
     return jax.nn.dot_product_attention(q, k, v, implementation="cudnn", is_causal=True)
 
 
-def fwd_bwd(f, ndiff, prep_bwd=None):
+def fwd_bwd(f, ndiff, prep_bwd=None, fused_vjp=None):
     """jit of the VJP of f w.r.t. its first ndiff arguments with a fixed cotangent.
-    prep_bwd: the GDN preparation's backward ("xla" | "pallas"), chosen while tracing."""
+    prep_bwd: the GDN preparation's backward ("xla" | "pallas"); fused_vjp: GDN's one
+    custom VJP over preparation + recurrence (True | False); both chosen while tracing."""
     from kernels.pallas import gdn
 
     def run(*args):
-        saved = gdn.PREP_BWD
-        gdn.PREP_BWD = prep_bwd or saved  # read when the backward is traced, just below
+        saved = gdn.PREP_BWD, gdn.FUSED_VJP
+        # read when the backward is traced, just below
+        gdn.PREP_BWD = prep_bwd or saved[0]
+        gdn.FUSED_VJP = saved[1] if fused_vjp is None else fused_vjp
         try:
             out, pull = jax.vjp(lambda *d: f(*d, *args[ndiff:-1]), *args[:ndiff])
             return pull(args[-1])
         finally:
-            gdn.PREP_BWD = saved
+            gdn.PREP_BWD, gdn.FUSED_VJP = saved
     return jax.jit(run)
 
 
@@ -261,7 +265,8 @@ def main():
               f"{b * t / seconds / 1e6:9.2f} Mtok/s  floor {rec['floor_ms']:.3f} ms", flush=True)
 
     from kernels.pallas import gdn as kp_gdn, recurrence as kp_rec
-    settings = {"prep_bwd": kp_gdn.PREP_BWD, "seq_warps": kp_rec.SEQ_WARPS or "auto",
+    settings = {"prep_bwd": kp_gdn.PREP_BWD, "fused_vjp": kp_gdn.FUSED_VJP,
+                "seq_warps": kp_rec.SEQ_WARPS or "auto",
                 "seq_stages": kp_rec.SEQ_STAGES, "seq_programs": kp_rec.SEQ_PROGRAMS,
                 "min_block_v": kp_rec.MIN_BLOCK_V}
     print(f"# kernel settings {settings}")
@@ -368,6 +373,13 @@ def main():
             attempt(f"gdn {impl} fwd+bwd {b}x{t}", lambda: record(
                 "gdn", impl, "fwd+bwd", b, t,
                 time_jax(fwd_bwd(gdn_fn(impl), 5), q, k, v, g, beta, do), fb_bytes))
+            if impl == "pallas" and "fvjp" not in skip:  # the other FUSED_VJP setting
+                from kernels.pallas import gdn as kp_gdn
+                other = not kp_gdn.FUSED_VJP
+                attempt(f"gdn pallas-fvjp{int(other)} fwd+bwd {b}x{t}", lambda: record(
+                    "gdn", f"pallas-fvjp{int(other)}", "fwd+bwd", b, t,
+                    time_jax(fwd_bwd(gdn_fn("pallas"), 5, fused_vjp=other), q, k, v, g,
+                             beta, do), fb_bytes))
             if impl == "pallas" and "xbwd" not in skip:  # XLA's preparation backward
                 attempt(f"gdn pallas-xbwd fwd+bwd {b}x{t}", lambda: record(
                     "gdn", "pallas-xbwd", "fwd+bwd", b, t,

@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from kernels.pallas import common, prep
+from kernels.pallas import common, prep, recurrence
 from kernels.pallas.intra import gdn_intra
 from kernels.pallas.intra_bwd import gdn_intra_bwd
 from kernels.pallas.recurrence import Config, block_v, chunk_recurrence
@@ -119,6 +119,45 @@ def _prep_bwd(chunk, res, cts):
 prep_pallas.defvjp(_prep_fwd, _prep_bwd)
 
 
+# One custom VJP over the fused preparation and the recurrence (GPU): its backward gives
+# the recurrence's dq, dk and dG to the preparation-backward kernel, which adds them in
+# place of XLA's sums of the two paths' cotangents (an XLA add of 0.095 ms in the B2
+# T8192 profile may be those sums). Same numbers (tests/kernels/test_pallas_prep_bwd.py);
+# off until timed on the GPU: KERNELS_GDN_FUSED_VJP=1 or assign FUSED_VJP = True.
+FUSED_VJP = os.environ.get("KERNELS_GDN_FUSED_VJP", "0") == "1"
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
+def _fused(q, k, v, g, beta, s0, cfg: Config):
+    big_g = prep.in_chunk_cumsum(g, cfg.chunk)
+    w, ut, p, gcl = gdn_intra(q, k, v, big_g, beta, chunk=cfg.chunk, with_inverse=False)
+    o, st = recurrence.chunk_recurrence(w, ut, q, k, p, gcl, big_g, s0, cfg)
+    return o, st
+
+
+def _fused_fwd(q, k, v, g, beta, s0, cfg):
+    big_g = prep.in_chunk_cumsum(g, cfg.chunk)
+    w, ut, p, gcl, inverse = gdn_intra(q, k, v, big_g, beta, chunk=cfg.chunk,
+                                       with_inverse=True)
+    (o, st), res = recurrence._vjp_fwd(w, ut, q, k, p, gcl, big_g, s0, cfg)
+    return (o, st), (v, beta, inverse, res)
+
+
+def _fused_bwd(cfg, saved, cts):
+    v, beta, inverse, res = saved
+    w, ut, q, k, p, gcl, big_g, h = res
+    do, dst = cts
+    dw, dut, dq, dk, dp, dgcl, dgam, ds0 = recurrence._backward_gpu(
+        w, ut, q, k, p, gcl, big_g, h, do, dst.astype(jnp.float32), cfg)
+    dq, dk, dv, dbig_g, dbeta = gdn_intra_bwd(q, k, v, big_g, beta, inverse, dw, dut, dp,
+                                              dgcl, chunk=cfg.chunk, add=(dq, dk, dgam))
+    dg = prep.in_chunk_cumsum(dbig_g, cfg.chunk, reverse=True)
+    return dq, dk, dv, dg, dbeta, ds0
+
+
+_fused.defvjp(_fused_fwd, _fused_bwd)
+
+
 def gated_delta_rule(q, k, v, log_alpha, beta, *, initial_state=None, return_state=False,
                      chunk_size=64, segment_ids=None, variant=None, fused_prep=None,
                      block_v_cols=None):
@@ -143,13 +182,15 @@ def gated_delta_rule(q, k, v, log_alpha, beta, *, initial_state=None, return_sta
     g = common.pad_time(jnp.asarray(log_alpha, jnp.float32), tp)
     bt = common.pad_time(jnp.asarray(beta, jnp.float32), tp)
 
-    w, ut, p, gcl = (prep_pallas if fused_prep else prep_xla)(q, k, v, g, bt, c)
     s0 = (jnp.zeros((b, h, kdim, vdim), jnp.float32) if initial_state is None
-          else jnp.asarray(initial_state, jnp.float32))
+          else jnp.asarray(initial_state, jnp.float32)).reshape(b * h, kdim, vdim)
     cfg = Config(chunk=c, variant=variant, out_dtype=jnp.dtype(dtype).name,
                  block_v=block_v(kdim, vdim, variant, b * h, block_v_cols))
-    o, st = chunk_recurrence(w, ut, q, k, p, gcl, prep.in_chunk_cumsum(g, c),
-                             s0.reshape(b * h, kdim, vdim), cfg)
+    if fused_prep and FUSED_VJP and variant == "gpu":
+        o, st = _fused(q, k, v, g, bt, s0, cfg)
+    else:
+        w, ut, p, gcl = (prep_pallas if fused_prep else prep_xla)(q, k, v, g, bt, c)
+        o, st = chunk_recurrence(w, ut, q, k, p, gcl, prep.in_chunk_cumsum(g, c), s0, cfg)
     o = o[:, :t]
     st = st.reshape(b, h, kdim, vdim)
     return (o, st) if return_state else o

@@ -47,8 +47,12 @@ def _mm(a, b, *, ta=False, tb=False, precision=None):
 
 
 def _intra_bwd_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, x_ref,
-                      dw_ref, dut_ref, dp_ref, dgcl_ref,
-                      dq_ref, dk_ref, dv_ref, dg_ref, db_ref, *, chunk):
+                      dw_ref, dut_ref, dp_ref, dgcl_ref, *refs, chunk, has_acc):
+    # has_acc: three more inputs, gradients of q, k and G from elsewhere (the recurrence),
+    # added to this kernel's before the outputs are written (no separate XLA sums)
+    if has_acc:
+        dq_acc_ref, dk_acc_ref, dg_acc_ref, *refs = refs
+    dq_ref, dk_ref, dv_ref, dg_ref, db_ref = refs
     f32 = jnp.float32
     dt = k_ref.dtype
     # input-dtype operands: the forward's precision; float32 X products: full float32 for
@@ -106,8 +110,13 @@ def _intra_bwd_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, x_ref,
     qk = _mm(q, k, tb=True, precision=prec)
     dqk = dp_ref[...].astype(f32) * dmat                   # dmat is 0 above the diagonal
     dqk_c = dqk.astype(dt)
-    dq_ref[...] = _mm(dqk_c, k, precision=prec).astype(dq_ref.dtype)
+    dq = _mm(dqk_c, k, precision=prec)
     dk = dk + _mm(dqk_c, q, ta=True, precision=prec)
+    if has_acc:
+        dq = dq + dq_acc_ref[...].astype(f32)
+        dk = dk + dk_acc_ref[...].astype(f32)
+        dg = dg + dg_acc_ref[...]
+    dq_ref[...] = dq.astype(dq_ref.dtype)
     dk_ref[...] = dk.astype(dk_ref.dtype)
     mp = dqk * qk
     last = lax.broadcasted_iota(jnp.int32, (chunk,), 0) == chunk - 1
@@ -116,7 +125,7 @@ def _intra_bwd_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, x_ref,
                    + jnp.where(last, dgcl, 0.0))
 
 
-def gdn_intra_bwd(q, k, v, big_g, beta, inverse, dw, dut, dp, dgcl, *, chunk):
+def gdn_intra_bwd(q, k, v, big_g, beta, inverse, dw, dut, dp, dgcl, *, chunk, add=None):
     """VJP of gdn_intra's (w, ut, p, gcl) (the same function as gdn.prep_xla with the
     in-chunk cumsum G given) from the saved float32 inverse.
 
@@ -124,7 +133,8 @@ def gdn_intra_bwd(q, k, v, big_g, beta, inverse, dw, dut, dp, dgcl, *, chunk):
     (B*H, Tp, C) float32 (gdn_intra's with_inverse output); dw (B*H,Tp,K), dut (B*H,Tp,V),
     dp (B*H,Tp,C) and dgcl (B*H,N,1,1): the cotangents of gdn_intra's outputs.
     Returns dq, dk (B,Tp,H,K) and dv (B,Tp,H,V) in the input dtype, and dG (w.r.t.
-    big_g), dbeta (B,Tp,H) float32."""
+    big_g), dbeta (B,Tp,H) float32. add: None or (dq, dk, dG) from another path (same
+    shapes), summed into the returned dq, dk, dG inside the kernel."""
     b, tp, h, kdim = q.shape
     vdim = v.shape[-1]
     n = tp // chunk
@@ -146,14 +156,20 @@ def gdn_intra_bwd(q, k, v, big_g, beta, inverse, dw, dut, dp, dgcl, *, chunk):
                   jax.ShapeDtypeStruct((b, tp, h, vdim), dt),
                   jax.ShapeDtypeStruct((b, tp, h), jnp.float32),
                   jax.ShapeDtypeStruct((b, tp, h), jnp.float32)]
+    acc = []
+    if add is not None:
+        dq_add, dk_add, dg_add = add
+        acc = [dq_add, dk_add, jnp.asarray(dg_add, jnp.float32)]
     return pl.pallas_call(
-        functools.partial(_intra_bwd_kernel, chunk=chunk), grid=(b, h, n),
+        functools.partial(_intra_bwd_kernel, chunk=chunk, has_acc=bool(acc)),
+        grid=(b, h, n),
         in_specs=[tok(kdim), tok(kdim), tok(vdim), per_tok, per_tok, flat(chunk),
-                  flat(kdim), flat(vdim), flat(chunk), scalar],
+                  flat(kdim), flat(vdim), flat(chunk), scalar]
+        + ([tok(kdim), tok(kdim), per_tok] if acc else []),
         out_specs=[tok(kdim), tok(kdim), tok(vdim), per_tok, per_tok],
         out_shape=out_shapes, interpret=common.interpret(),
         compiler_params=common.compiler_params("gpu", num_warps=NUM_WARPS, num_stages=1),
         name="gdn_chunk_prep_bwd")(
             q, k, v, jnp.asarray(big_g, jnp.float32), jnp.asarray(beta, jnp.float32),
             inverse, dw.astype(dt), dut.astype(dt), dp.astype(dt),
-            jnp.asarray(dgcl, jnp.float32))
+            jnp.asarray(dgcl, jnp.float32), *acc)

@@ -124,3 +124,70 @@ def test_unknown_switch_and_bad_shapes_raise(monkeypatch):
     with pytest.raises(ValueError, match="inverse has shape"):
         gdn_intra_bwd(q, k, v, g, beta, z((1, 16, 8)), z((1, 16, 16)), z((1, 16, 16)),
                       z((1, 16, C)), z((1, 1, 1, 1)), chunk=C)
+
+
+def gdn_grads(args, fused, monkeypatch, dtype=jnp.float32, s0=None):
+    """Gradients of <gated_delta_rule(...), ct> + <final state, cs> (variant "gpu", the
+    fused Pallas preparation with the Pallas backward), with or without FUSED_VJP."""
+    monkeypatch.setattr(gdn, "PREP_BWD", "pallas")
+    monkeypatch.setattr(gdn, "FUSED_VJP", fused)
+    q, k, v, g, beta = args
+    xs = (*(jnp.asarray(x, dtype) for x in (q, k, v)), jnp.asarray(g), jnp.asarray(beta),
+          jnp.asarray(s0))
+
+    def f(q, k, v, g, beta, s0):
+        return gdn.gated_delta_rule(q, k, v, g, beta, initial_state=s0, return_state=True,
+                                    chunk_size=C, variant="gpu")
+
+    (o, st), pull = jax.vjp(f, *xs)
+    rng = np.random.default_rng(11)
+    ct = jnp.asarray(rng.standard_normal(o.shape), o.dtype)
+    cs = jnp.asarray(rng.standard_normal(st.shape), st.dtype)
+    return o, st, pull((ct, cs))
+
+
+@pytest.mark.parametrize("mode", ["random", "edges"])
+def test_fused_vjp_equals_the_two_custom_vjps(mode, monkeypatch):
+    """FUSED_VJP (one custom VJP, the recurrence's dq, dk, dG summed inside the
+    preparation-backward kernel) gives the same outputs and gradients as the two
+    separate custom VJPs whose cotangents XLA sums (<= 1e-6, float32; T = 45 padded)."""
+    b, t, h, kd, vd = 1, 45, 2, 16, 32
+    args = prep_inputs(21, b, t, h, kd, vd, mode)
+    s0 = np.random.default_rng(22).standard_normal((b, h, kd, vd)).astype(np.float32)
+    o1, st1, g1 = gdn_grads(args, False, monkeypatch, s0=s0)
+    o2, st2, g2 = gdn_grads(args, True, monkeypatch, s0=s0)
+    np.testing.assert_array_equal(np.asarray(o1), np.asarray(o2))
+    np.testing.assert_array_equal(np.asarray(st1), np.asarray(st2))
+    for name, a, r in zip(NAMES + ("dstate",), g2, g1):
+        assert a.shape == r.shape and a.dtype == r.dtype, name
+        assert rel(a, r) <= 1e-6, (name, rel(a, r))
+
+
+def test_fused_vjp_has_no_separate_cotangent_sums(monkeypatch):
+    """Under FUSED_VJP the gradient program adds no (B, T, H, K) cotangents outside the
+    kernels; without it XLA sums dq and dk of the two paths (2 add_any)."""
+    from tests.kernels.jaxprs import equations
+
+    def adds(fused):
+        monkeypatch.setattr(gdn, "PREP_BWD", "pallas")
+        monkeypatch.setattr(gdn, "FUSED_VJP", fused)
+        q, k, v, g, beta = (jnp.asarray(x) for x in prep_inputs(23, 1, 32, 2, 16, 16))
+        loss = lambda *a: jnp.sum(gdn.gated_delta_rule(  # noqa: E731
+            *a, chunk_size=C, variant="gpu"))
+        jp = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))(q, k, v, g, beta)
+        return [e for e in equations(jp.jaxpr) if e.primitive.name == "add_any"
+                and tuple(e.outvars[0].aval.shape) == q.shape]
+
+    assert len(adds(False)) == 2
+    assert adds(True) == []
+
+
+def test_fused_vjp_bf16_close_to_unfused(monkeypatch):
+    b, t, h, kd, vd = 1, 32, 2, 32, 32
+    args = prep_inputs(24, b, t, h, kd, vd)
+    s0 = np.zeros((b, h, kd, vd), np.float32)
+    _, _, g1 = gdn_grads(args, False, monkeypatch, jnp.bfloat16, s0)
+    _, _, g2 = gdn_grads(args, True, monkeypatch, jnp.bfloat16, s0)
+    for name, a, r in zip(NAMES, g2, g1):
+        assert a.dtype == r.dtype, name
+        assert rel(a, r) <= 1e-2, (name, rel(a, r))   # one bf16 rounding fewer in dq, dk
