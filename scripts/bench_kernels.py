@@ -9,9 +9,9 @@ the copy bandwidth measured in the same job) and the ratio to the anchor (fla fo
 "fwd", cuDNN for "fwd+bwd", fla fused recurrent for "decode"); times the GDN backward
 with both preparation backwards side by side ("pallas": the Pallas kernel, the default;
 "pallas-xbwd": XLA's autodiff of the preparation; --skip xbwd to leave it out) and with
-the other setting of gdn.FUSED_VJP ("pallas-fvjp1" / "pallas-fvjp0"; --skip fvjp); checks the bf16 Pallas
-outputs against the float32 chunk form; records peak memory of fwd+bwd at the longest
-shape. Writes <out>/benchmarks.json and <out>/benchmarks.md.
+the other setting of gdn.FUSED_VJP ("pallas-fvjp1" / "pallas-fvjp0"; --skip fvjp); checks
+the bf16 Pallas outputs against the float32 chunk form; records peak memory of fwd+bwd at
+the longest shape. Writes <out>/benchmarks.json and <out>/benchmarks.md.
 """
 from __future__ import annotations
 
@@ -374,7 +374,6 @@ def main():
                 "gdn", impl, "fwd+bwd", b, t,
                 time_jax(fwd_bwd(gdn_fn(impl), 5), q, k, v, g, beta, do), fb_bytes))
             if impl == "pallas" and "fvjp" not in skip:  # the other FUSED_VJP setting
-                from kernels.pallas import gdn as kp_gdn
                 other = not kp_gdn.FUSED_VJP
                 attempt(f"gdn pallas-fvjp{int(other)} fwd+bwd {b}x{t}", lambda: record(
                     "gdn", f"pallas-fvjp{int(other)}", "fwd+bwd", b, t,

@@ -37,7 +37,7 @@ def cases(b, t, what):
     table = {
         "gdn-fwd": lambda: (jax.jit(bk.gdn_fn("pallas")), (q, k, v, g, beta)),
         "gdn-fwdbwd": lambda: (bk.fwd_bwd(bk.gdn_fn("pallas"), 5), (q, k, v, g, beta, do)),
-        "gdn-fwdbwd-pbwd": lambda: (bk.fwd_bwd(bk.gdn_fn("pallas"), 5, "pallas"),
+        "gdn-fwdbwd-xbwd": lambda: (bk.fwd_bwd(bk.gdn_fn("pallas"), 5, "xla"),
                                     (q, k, v, g, beta, do)),
         "linear-fwdbwd": lambda: (bk.fwd_bwd(bk.la_fn("pallas"), 3), (q, k, v, do)),
     }
@@ -74,10 +74,21 @@ def profile(fn, args):
     return dict(sorted(per.items(), key=lambda kv: -kv[1])), procs
 
 
+def time_gdn_fwd(b, t):
+    """Seconds of the Pallas GDN forward at (b, t) (the benchmark's inputs and timer)."""
+    xs = bk.gdn_inputs(jax.random.PRNGKey(b * t), b, t)
+    return bk.time_jax(jax.jit(bk.gdn_fn("pallas")), *xs)
+
+
+def time_gdn_fwdbwd(b, t):
+    """Seconds of the Pallas GDN forward + backward at (b, t)."""
+    xs = bk.gdn_inputs(jax.random.PRNGKey(b * t), b, t)
+    return bk.time_jax(bk.fwd_bwd(bk.gdn_fn("pallas"), 5), *xs, jnp.ones_like(xs[2]))
+
+
 def tune(out):
     """Tunables timed side by side (bench_kernels.time_jax); a row per setting."""
     from kernels.pallas import decode, intra, recurrence
-    import kernels.pallas as kp
     rows = []
 
     def row(what, setting, seconds):
@@ -111,34 +122,27 @@ def tune(out):
             attempt("decode B64", f"fla fused recurrent #{i}",
                     lambda: bk.fla_decode(torch, fops))
 
-    def gdn_fwd(b, t):
-        xs = bk.gdn_inputs(jax.random.PRNGKey(b * t), b, t)
-        return bk.time_jax(jax.jit(bk.gdn_fn("pallas")), *xs)
-
-    def gdn_fb(b, t):
-        xs = bk.gdn_inputs(jax.random.PRNGKey(b * t), b, t)
-        do = jnp.ones_like(xs[2])
-        return bk.time_jax(bk.fwd_bwd(bk.gdn_fn("pallas"), 5), *xs, do)
-
+    saved = intra.NUM_WARPS, recurrence.MIN_BLOCK_V
     for warps in (4, 8):
         intra.NUM_WARPS = warps
         for b, t in ((8, 2048), (2, 8192)):
-            attempt(f"gdn fwd B{b} T{t}", f"prep warps={warps}", lambda: gdn_fwd(b, t))
-    intra.NUM_WARPS = 4
+            attempt(f"gdn fwd B{b} T{t}", f"prep warps={warps}", lambda: time_gdn_fwd(b, t))
+    intra.NUM_WARPS = saved[0]
     for minbv in (32, 16):
         recurrence.MIN_BLOCK_V = minbv
-        attempt("gdn fwd B1 T32768", f"min block_v={minbv}", lambda: gdn_fwd(1, 32768))
-        attempt("gdn fwd+bwd B1 T32768", f"min block_v={minbv}", lambda: gdn_fb(1, 32768))
-        attempt("gdn fwd+bwd B2 T8192", f"min block_v={minbv}", lambda: gdn_fb(2, 8192))
-    recurrence.MIN_BLOCK_V = 16
-    del kp
+        attempt("gdn fwd B1 T32768", f"min block_v={minbv}", lambda: time_gdn_fwd(1, 32768))
+        attempt("gdn fwd+bwd B1 T32768", f"min block_v={minbv}",
+                lambda: time_gdn_fwdbwd(1, 32768))
+        attempt("gdn fwd+bwd B2 T8192", f"min block_v={minbv}",
+                lambda: time_gdn_fwdbwd(2, 8192))
+    recurrence.MIN_BLOCK_V = saved[1]
     return rows
 
 
 def tune_sequential(out):
     """Settings of the backward/sequential GPU kernels (recurrence.SEQ_WARPS / SEQ_STAGES
-    / SEQ_PROGRAMS / GRADS_WARPS), one change at a time from the current defaults, timed side by side on GDN
-    fwd+bwd at B2 T8192 and fwd at B1 T32768. Writes DIR/seq.json and DIR/best_seq.env
+    / SEQ_PROGRAMS / GRADS_WARPS), one change at a time from the current defaults, timed
+    side by side on GDN fwd+bwd at B2 T8192 and fwd at B1 T32768. Writes DIR/seq.json and DIR/best_seq.env
     (the setting with the least summed time, as the environment variables that select
     it) so a job can benchmark with it."""
     from kernels.pallas import recurrence
@@ -153,15 +157,10 @@ def tune_sequential(out):
          recurrence.GRADS_WARPS) = (st["warps"], st["stages"], st["programs"],
                                     st["grads_warps"])
         times = {}
-        for name, b, t, fb in (("fwd+bwd B2 T8192", 2, 8192, True),
-                               ("fwd B1 T32768", 1, 32768, False)):
-            xs = bk.gdn_inputs(jax.random.PRNGKey(b * t), b, t)
+        for name, timer, b, t in (("fwd+bwd B2 T8192", time_gdn_fwdbwd, 2, 8192),
+                                  ("fwd B1 T32768", time_gdn_fwd, 1, 32768)):
             try:
-                if fb:
-                    times[name] = bk.time_jax(bk.fwd_bwd(bk.gdn_fn("pallas"), 5), *xs,
-                                              jnp.ones_like(xs[2]))
-                else:
-                    times[name] = bk.time_jax(jax.jit(bk.gdn_fn("pallas")), *xs)
+                times[name] = timer(b, t)
             except Exception as e:  # noqa: BLE001
                 print(f"  seq {st} {name}: FAILED {type(e).__name__}: "
                       f"{str(e).splitlines()[0][:200]}", flush=True)
@@ -191,11 +190,11 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--shapes", default="8x2048,2x8192,1x32768")
-    ap.add_argument("--what", default="gdn-fwd,gdn-fwdbwd,gdn-fwdbwd-pbwd,linear-fwdbwd")
+    ap.add_argument("--what", default="gdn-fwd,gdn-fwdbwd,gdn-fwdbwd-xbwd,linear-fwdbwd")
     ap.add_argument("--top", type=int, default=14)
     ap.add_argument("--tune", action="store_true", help="time the tunables instead")
     ap.add_argument("--tune-seq", action="store_true",
-                    help="time warps x stages of the sequential kernels instead")
+                    help="time the sequential and gradient kernels' settings instead")
     args = ap.parse_args()
     if args.tune:
         tune(args.out)

@@ -110,8 +110,16 @@ def _prep_bwd(chunk, res, cts):
         raise ValueError(f"kernels.pallas.gdn.PREP_BWD (env KERNELS_GDN_PREP_BWD) is "
                          f"{PREP_BWD!r}; valid: {PREP_BWD_CHOICES}")
     q, k, v, g, beta = inputs
-    dq, dk, dv, dbig_g, dbeta = gdn_intra_bwd(q, k, v, prep.in_chunk_cumsum(g, chunk), beta,
-                                              inverse, *cts, chunk=chunk)
+    return _prep_pallas_vjp(q, k, v, prep.in_chunk_cumsum(g, chunk), beta, inverse, cts,
+                            chunk)
+
+
+def _prep_pallas_vjp(q, k, v, big_g, beta, inverse, cts, chunk, add=None):
+    """(dq, dk, dv, dg, dbeta) of the preparation by the Pallas kernel gdn_intra_bwd from
+    its outputs' cotangents cts = (dw, dut, dp, dgcl); add: (dq, dk, dG) of another path,
+    summed in the kernel."""
+    dq, dk, dv, dbig_g, dbeta = gdn_intra_bwd(q, k, v, big_g, beta, inverse, *cts,
+                                              chunk=chunk, add=add)
     # G = in-chunk cumsum of g, so dg is the reverse in-chunk cumsum of dG
     return dq, dk, dv, prep.in_chunk_cumsum(dbig_g, chunk, reverse=True), dbeta
 
@@ -149,10 +157,8 @@ def _fused_bwd(cfg, saved, cts):
     do, dst = cts
     dw, dut, dq, dk, dp, dgcl, dgam, ds0 = recurrence._backward_gpu(
         w, ut, q, k, p, gcl, big_g, h, do, dst.astype(jnp.float32), cfg)
-    dq, dk, dv, dbig_g, dbeta = gdn_intra_bwd(q, k, v, big_g, beta, inverse, dw, dut, dp,
-                                              dgcl, chunk=cfg.chunk, add=(dq, dk, dgam))
-    dg = prep.in_chunk_cumsum(dbig_g, cfg.chunk, reverse=True)
-    return dq, dk, dv, dg, dbeta, ds0
+    return (*_prep_pallas_vjp(q, k, v, big_g, beta, inverse, (dw, dut, dp, dgcl), cfg.chunk,
+                              add=(dq, dk, dgam)), ds0)
 
 
 _fused.defvjp(_fused_fwd, _fused_bwd)

@@ -311,12 +311,12 @@ def _dstate_kernel_gpu(*refs, has_w, has_g, chunk, num_chunks):
     over value blocks: the rest of the gradient is chunk-parallel (_grads_kernel_gpu)."""
     (w_ref, _, q_ref, k_ref, p_ref, gcl_ref, g_ref), rest = _split(refs, has_w, has_g)
     do_ref, dst_ref, du_ref, dh_ref, ds0_ref = rest
+    dt = du_ref.dtype
+    prec = common.dot_precision(dt)
 
     def body(i, ds):
         n = num_chunks - 1 - i
         rows = pl.ds(n * chunk, chunk)
-        dt = du_ref.dtype
-        prec = common.dot_precision(dt)
         gcl = gcl_ref[n]
         gam = g_ref[rows][:, None] if has_g else None
         qg, kd = _decayed(q_ref[rows, :], k_ref[rows, :], gam, gcl)

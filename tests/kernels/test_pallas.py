@@ -39,11 +39,13 @@ def cases(fast_gpu, all_cases):
 
 def with_prep_bwd(params):
     """GDN cases x the fused preparation's backward (kernels.pallas.gdn.PREP_BWD): the
-    "gpu" program (fused Pallas preparation) runs each case with both backwards, with the
+    "gpu" program (fused Pallas preparation) runs each case with both backwards and with
+    "fused" (gdn.FUSED_VJP: one custom VJP over preparation + recurrence), with the
     case's marks; the "tpu" program differentiates the XLA preparation, so one run."""
     out = []
     for p in params:
-        for bwd in (kp_gdn.PREP_BWD_CHOICES if p.values[0] == "gpu" else ("xla",)):
+        bwds = (*kp_gdn.PREP_BWD_CHOICES, "fused") if p.values[0] == "gpu" else ("xla",)
+        for bwd in bwds:
             out.append(pytest.param(*p.values, bwd, marks=p.marks))
     return out
 
@@ -135,7 +137,8 @@ def gdn_inputs(seed, b, t, h, kd, vd, beta_mode="random"):
 @pytest.mark.parametrize("variant,t,beta_mode,prep_bwd", with_prep_bwd(cases(
     [(37, "random")], [(37, "random"), (1, "random"), (32, "edges")])))
 def test_gdn_forward_and_grads_match_float64(variant, t, beta_mode, prep_bwd, monkeypatch):
-    monkeypatch.setattr(kp_gdn, "PREP_BWD", prep_bwd)
+    monkeypatch.setattr(kp_gdn, "FUSED_VJP", prep_bwd == "fused")
+    monkeypatch.setattr(kp_gdn, "PREP_BWD", "pallas" if prep_bwd == "fused" else prep_bwd)
     q, k, v, g, beta, s0 = gdn_inputs(t, 2, t, 2, 16, 32, beta_mode)
     o, st = kp.gated_delta_rule(q, k, v, g, beta, initial_state=s0, return_state=True,
                                 chunk_size=C, variant=variant)
