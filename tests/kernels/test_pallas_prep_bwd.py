@@ -183,11 +183,27 @@ def test_fused_vjp_has_no_separate_cotangent_sums(monkeypatch):
 
 
 def test_fused_vjp_bf16_close_to_unfused(monkeypatch):
+    """bf16 inputs: the fused VJP's gradients are close to the two-VJP path's and to
+    float64 autodiff of a lax.scan recurrence on the same (bf16-rounded) inputs."""
+    from tests.kernels.test_pallas import jax_gdn64
+
     b, t, h, kd, vd = 1, 32, 2, 32, 32
     args = prep_inputs(24, b, t, h, kd, vd)
+    args = (*[np.asarray(jnp.asarray(x, jnp.bfloat16), np.float32) for x in args[:3]],
+            *args[3:])
     s0 = np.zeros((b, h, kd, vd), np.float32)
-    _, _, g1 = gdn_grads(args, False, monkeypatch, jnp.bfloat16, s0)
+    o, st, g1 = gdn_grads(args, False, monkeypatch, jnp.bfloat16, s0)
     _, _, g2 = gdn_grads(args, True, monkeypatch, jnp.bfloat16, s0)
     for name, a, r in zip(NAMES, g2, g1):
         assert a.dtype == r.dtype, name
         assert rel(a, r) <= 1e-2, (name, rel(a, r))   # one bf16 rounding fewer in dq, dk
+    rng = np.random.default_rng(11)                    # gdn_grads' cotangents
+    ct = np.asarray(jnp.asarray(rng.standard_normal(o.shape), o.dtype), np.float64)
+    cs = rng.standard_normal(st.shape)
+    with jax.enable_x64():
+        loss = lambda *a: (jnp.sum(jax_gdn64(*a)[0] * ct)  # noqa: E731
+                           + jnp.sum(jax_gdn64(*a)[1] * cs))
+        ref = jax.grad(loss, argnums=tuple(range(6)))(
+            *(jnp.asarray(x, jnp.float64) for x in (*args, s0)))
+    for name, a, r in zip(NAMES, g2, ref):
+        assert rel(a, r) <= 2e-2, (name, rel(a, r))
