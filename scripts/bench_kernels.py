@@ -9,7 +9,8 @@ the copy bandwidth measured in the same job) and the ratio to the anchor (fla fo
 "fwd", cuDNN for "fwd+bwd", fla fused recurrent for "decode"); times the GDN backward
 with both preparation backwards side by side ("pallas": the Pallas kernel, the default;
 "pallas-xbwd": XLA's autodiff of the preparation; --skip xbwd to leave it out) and with
-the other setting of gdn.FUSED_VJP ("pallas-fvjp1" / "pallas-fvjp0"; --skip fvjp); checks
+the other setting of gdn.FUSED_VJP ("pallas-fvjp1" / "pallas-fvjp0"; --skip fvjp) and of
+recurrence.SPLIT_FWD ("pallas-split1" / "pallas-split0"; --skip split); checks
 the bf16 Pallas outputs against the float32 chunk form; records peak memory of fwd+bwd at
 the longest shape. Writes <out>/benchmarks.json and <out>/benchmarks.md.
 """
@@ -131,6 +132,19 @@ def la_fn(impl):
             return kp.linear_attention(q, k, v, normalize=True, chunk_size=64)
         return ops.linear_attention(q, k, v, normalize=True, impl=impl, chunk_size=64)
     return f
+
+
+def with_setting(f, module, name, value):
+    """f with module.name = value while it runs (so while jit traces it: the kernels read
+    their tunables when traced)."""
+    def g(*args):
+        saved = getattr(module, name)
+        setattr(module, name, value)
+        try:
+            return f(*args)
+        finally:
+            setattr(module, name, saved)
+    return g
 
 
 def cudnn_fn(q, k, v):
@@ -268,7 +282,8 @@ def main():
     settings = {"prep_bwd": kp_gdn.PREP_BWD, "fused_vjp": kp_gdn.FUSED_VJP,
                 "seq_warps": kp_rec.SEQ_WARPS or "auto",
                 "seq_stages": kp_rec.SEQ_STAGES, "seq_programs": kp_rec.SEQ_PROGRAMS,
-                "min_block_v": kp_rec.MIN_BLOCK_V}
+                "min_block_v": kp_rec.MIN_BLOCK_V, "split_fwd": kp_rec.SPLIT_FWD,
+                "grads_warps": kp_rec.GRADS_WARPS, "output_warps": kp_rec.OUTPUT_WARPS}
     print(f"# kernel settings {settings}")
     run_meta = {"run": 1, "commit": git_commit(), "settings": settings,
                 "copy_bandwidth_TBps": None,
@@ -379,6 +394,20 @@ def main():
                     "gdn", f"pallas-fvjp{int(other)}", "fwd+bwd", b, t,
                     time_jax(fwd_bwd(gdn_fn("pallas"), 5, fused_vjp=other), q, k, v, g,
                              beta, do), fb_bytes))
+            if impl == "pallas" and "split" not in skip:  # the other SPLIT_FWD setting
+                other = int(not kp_rec.SPLIT_FWD)
+                name = f"pallas-split{other}"
+                split_gdn = with_setting(gdn_fn("pallas"), kp_rec, "SPLIT_FWD", other)
+                split_la = with_setting(la_fn("pallas"), kp_rec, "SPLIT_FWD", other)
+                attempt(f"gdn {name} fwd {b}x{t}", lambda: record(
+                    "gdn", name, "fwd", b, t, time_jax(jax.jit(split_gdn), q, k, v, g, beta),
+                    fwd_bytes))
+                attempt(f"gdn {name} fwd+bwd {b}x{t}", lambda: record(
+                    "gdn", name, "fwd+bwd", b, t,
+                    time_jax(fwd_bwd(split_gdn, 5), q, k, v, g, beta, do), fb_bytes))
+                attempt(f"linear {name} fwd {b}x{t}", lambda: record(
+                    "linear", name, "fwd", b, t, time_jax(jax.jit(split_la), qa, ka, va),
+                    fwd_bytes))
             if impl == "pallas" and "xbwd" not in skip:  # XLA's preparation backward
                 attempt(f"gdn pallas-xbwd fwd+bwd {b}x{t}", lambda: record(
                     "gdn", "pallas-xbwd", "fwd+bwd", b, t,

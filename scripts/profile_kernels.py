@@ -30,6 +30,13 @@ import scripts.bench_kernels as bk  # noqa: E402
 REPS = 5
 
 
+def split_gdn():
+    """The Pallas GDN with the other setting of recurrence.SPLIT_FWD."""
+    from kernels.pallas import recurrence
+    return bk.with_setting(bk.gdn_fn("pallas"), recurrence, "SPLIT_FWD",
+                           int(not recurrence.SPLIT_FWD))
+
+
 def cases(b, t, what):
     key = jax.random.PRNGKey(b * t)
     q, k, v, g, beta = bk.gdn_inputs(key, b, t)
@@ -40,6 +47,9 @@ def cases(b, t, what):
         "gdn-fwdbwd-xbwd": lambda: (bk.fwd_bwd(bk.gdn_fn("pallas"), 5, "xla"),
                                     (q, k, v, g, beta, do)),
         "linear-fwdbwd": lambda: (bk.fwd_bwd(bk.la_fn("pallas"), 3), (q, k, v, do)),
+        # the other recurrence.SPLIT_FWD setting (state pass + output pass, or one loop)
+        "gdn-fwd-split": lambda: (jax.jit(split_gdn()), (q, k, v, g, beta)),
+        "gdn-fwdbwd-split": lambda: (bk.fwd_bwd(split_gdn(), 5), (q, k, v, g, beta, do)),
     }
     for name in what:
         yield name, *table[name]()
@@ -141,21 +151,24 @@ def tune(out):
 
 def tune_sequential(out):
     """Settings of the backward/sequential GPU kernels (recurrence.SEQ_WARPS / SEQ_STAGES
-    / SEQ_PROGRAMS / GRADS_WARPS), one change at a time from the current defaults, timed
+    / SEQ_PROGRAMS / GRADS_WARPS / SPLIT_FWD), one change at a time from the current
+    defaults (and the other SPLIT_FWD with one more stage), timed
     side by side on GDN fwd+bwd at B2 T8192 and fwd at B1 T32768. Writes DIR/seq.json and DIR/best_seq.env
     (the setting with the least summed time, as the environment variables that select
     it) so a job can benchmark with it."""
     from kernels.pallas import recurrence
-    default = {"warps": recurrence.SEQ_WARPS, "stages": recurrence.SEQ_STAGES,
-               "programs": recurrence.SEQ_PROGRAMS, "grads_warps": recurrence.GRADS_WARPS}
-    settings = [default, {**default, "stages": default["stages"] - 1},
-                {**default, "stages": default["stages"] + 1},
-                {**default, "grads_warps": 4 if default["grads_warps"] == 8 else 8}]
+    names = {"warps": "SEQ_WARPS", "stages": "SEQ_STAGES", "programs": "SEQ_PROGRAMS",
+             "grads_warps": "GRADS_WARPS", "split": "SPLIT_FWD"}
+    default = {key: getattr(recurrence, attr) for key, attr in names.items()}
+    other_split = int(not default["split"])
+    settings = [default, {**default, "stages": default["stages"] + 1},
+                {**default, "grads_warps": 4 if default["grads_warps"] == 8 else 8},
+                {**default, "split": other_split},
+                {**default, "split": other_split, "stages": default["stages"] + 1}]
     rows = []
     for st in settings:
-        (recurrence.SEQ_WARPS, recurrence.SEQ_STAGES, recurrence.SEQ_PROGRAMS,
-         recurrence.GRADS_WARPS) = (st["warps"], st["stages"], st["programs"],
-                                    st["grads_warps"])
+        for key, attr in names.items():
+            setattr(recurrence, attr, st[key])
         times = {}
         for name, timer, b, t in (("fwd+bwd B2 T8192", time_gdn_fwdbwd, 2, 8192),
                                   ("fwd B1 T32768", time_gdn_fwd, 1, 32768)):
@@ -172,9 +185,8 @@ def tune_sequential(out):
             d = pathlib.Path(out)
             d.mkdir(parents=True, exist_ok=True)
             (d / "seq.json").write_text(json.dumps(rows, indent=1))
-    (recurrence.SEQ_WARPS, recurrence.SEQ_STAGES, recurrence.SEQ_PROGRAMS,
-     recurrence.GRADS_WARPS) = (default["warps"], default["stages"], default["programs"],
-                                default["grads_warps"])
+    for key, attr in names.items():
+        setattr(recurrence, attr, default[key])
     best = min(rows, key=lambda r: r["fwd+bwd B2 T8192"] + r["fwd B1 T32768"])
     print(f"  best: {best}", flush=True)
     if out:
@@ -182,7 +194,8 @@ def tune_sequential(out):
             f"export KERNELS_PALLAS_SEQ_WARPS={best['warps']} "
             f"KERNELS_PALLAS_SEQ_STAGES={best['stages']} "
             f"KERNELS_PALLAS_SEQ_PROGRAMS={best['programs']} "
-            f"KERNELS_PALLAS_GRADS_WARPS={best['grads_warps']}\n")
+            f"KERNELS_PALLAS_GRADS_WARPS={best['grads_warps']} "
+            f"KERNELS_PALLAS_SPLIT_FWD={best['split']}\n")
     return best
 
 

@@ -91,16 +91,25 @@ def _mm(a, b, *, ta=False, tb=False, precision=None):
 
 # ----------------------------------------------------------------------------- chunk bodies
 
-def _decayed(q, k, gam, gcl):
-    """Qg = Q * exp(G), Kd = K * exp(G_C - G) in the input dtype, formed here from the
-    loaded q, k tiles and the float32 in-chunk cumulative log-decay G (a (C, 1) column),
-    rather than read from a preparation pass. gam None: no decay, Qg = Q, Kd = K."""
+def _q_decayed(q, gam):
+    """Qg = Q * exp(G) in the input dtype, from the loaded q tile and the float32 in-chunk
+    cumulative log-decay G (a (C, 1) column). gam None: no decay, Qg = Q."""
     if gam is None:
-        return q, k
-    f32 = jnp.float32
-    qg = (q.astype(f32) * jnp.exp(gam)).astype(q.dtype)
-    kd = (k.astype(f32) * jnp.exp(gcl - gam)).astype(k.dtype)
-    return qg, kd
+        return q
+    return (q.astype(jnp.float32) * jnp.exp(gam)).astype(q.dtype)
+
+
+def _k_decayed(k, gam, gcl):
+    """Kd = K * exp(G_C - G) in the input dtype (gam None: Kd = K)."""
+    if gam is None:
+        return k
+    return (k.astype(jnp.float32) * jnp.exp(gcl - gam)).astype(k.dtype)
+
+
+def _decayed(q, k, gam, gcl):
+    """(Qg, Kd), formed here from the loaded tiles rather than read from a preparation
+    pass."""
+    return _q_decayed(q, gam), _k_decayed(k, gam, gcl)
 
 
 def _chunk_values(ut, w, sc, prec):
@@ -267,6 +276,8 @@ def _forward(w, ut, q, k, p, gcl, gam, s0, cfg: Config, save: bool):
                   jax.ShapeDtypeStruct((bh, kdim, vdim), jnp.float32)]
     if save:  # chunk-start states, in the input dtype: every use casts them to it first
         out_shapes.append(jax.ShapeDtypeStruct((bh, n, kdim, vdim), ut.dtype))
+    if cfg.variant == "gpu" and SPLIT_FWD:
+        return _forward_split_gpu(w, ut, q, k, p, gcl, gam, s0, cfg, save)
     qx, kx, gx = _layout(q, k, gam, cfg)
     args = ([w] if has_w else []) + [ut, qx, kx, p, gcl] + ([gx] if has_g else []) + [s0]
 
@@ -300,6 +311,127 @@ def _forward(w, ut, q, k, p, gcl, gam, s0, cfg: Config, save: bool):
         interpret=common.interpret(), compiler_params=common.compiler_params("tpu"),
         name="linear_chunk_fwd")(*args)
     return [common.from_chunk_major(o, b, h), *rest]
+
+
+# ----------------------------------------------------------------------------- split forward (GPU)
+
+# The GPU forward as two calls (SPLIT_FWD = 1): a sequential state pass that carries S,
+# writing each chunk-start state and U = Ut - W S (2 matmuls a chunk on the critical
+# path, 1 for linear attention: U = V), then an output pass parallel over (head, chunk),
+# O = Qg S + P U. The one-call forward (0) does all 4 matmuls inside the loop; with few
+# heads (B1 H16: 128 programs, one per SM) the loop is latency-bound, so its length per
+# chunk is what counts. Costs writing and reading the chunk-start states (already written
+# under a gradient). Read when traced; KERNELS_PALLAS_SPLIT_FWD.
+SPLIT_FWD = int(os.environ.get("KERNELS_PALLAS_SPLIT_FWD", "0"))
+
+
+def _state_kernel_gpu(*refs, has_w, has_g, chunk, num_chunks):
+    """Split forward, pass 1 (sequential): h[n] = S, U = Ut - W S, S' = e^G_C S + Kd^T U."""
+    refs = list(refs)
+    w_ref = refs.pop(0) if has_w else None
+    ut_ref, k_ref, gcl_ref = refs[:3]
+    refs = refs[3:]
+    g_ref = refs.pop(0) if has_g else None
+    s0_ref, st_ref, h_ref, *rest = refs
+    u_ref = rest[0] if has_w else None
+    dt = ut_ref.dtype
+    prec = common.dot_precision(dt)
+
+    def body(n, s):
+        rows = pl.ds(n * chunk, chunk)
+        sc = s.astype(dt)
+        h_ref[n] = sc
+        gcl = gcl_ref[n]
+        gam = g_ref[rows][:, None] if has_g else None
+        kd = _k_decayed(k_ref[rows, :], gam, gcl)
+        uc = _chunk_values(ut_ref[rows, :], w_ref[rows, :] if has_w else None, sc, prec)
+        if has_w:
+            u_ref[rows, :] = uc
+        return jnp.exp(gcl) * s + _mm(kd, uc, ta=True, precision=prec)
+
+    st_ref[...] = lax.fori_loop(0, num_chunks, body, s0_ref[...])
+
+
+def _output_kernel_gpu(*refs, has_g, block_cols):
+    """Split forward, pass 2: one program per (batch, head, chunk), O = Qg S + P U."""
+    refs = list(refs)
+    q_ref, p_ref = refs[:2]
+    refs = refs[2:]
+    g_ref = refs.pop(0) if has_g else None
+    h_ref, u_ref, o_ref = refs
+    dt = u_ref.dtype
+    prec = common.dot_precision(dt)
+    gam = g_ref[...][:, None] if has_g else None
+    qg = _q_decayed(q_ref[...], gam)
+    p = p_ref[...]
+    for j in range(u_ref.shape[-1] // block_cols):   # static: value columns in blocks
+        cols = pl.ds(j * block_cols, block_cols)
+        o = _mm(qg, h_ref[:, cols], precision=prec) + _mm(p, u_ref[:, cols], precision=prec)
+        o_ref[:, cols] = o.astype(o_ref.dtype)
+
+
+def _forward_split_gpu(w, ut, q, k, p, gcl, gam, s0, cfg: Config, save: bool):
+    """The GPU forward as a state pass and an output pass (SPLIT_FWD); same returns as
+    _forward."""
+    b, tp, nh, kdim = q.shape
+    bh = b * nh
+    vdim = ut.shape[-1]
+    c = cfg.chunk
+    n = tp // c
+    dt = ut.dtype
+    has_w, has_g = w is not None, gam is not None
+    bv = cfg.block_v
+    row = lambda bi, hi: bi * nh + hi  # noqa: E731
+
+    # pass 1: states and U, sequential; grid (B, H, value blocks)
+    vspec = pl.BlockSpec((None, tp, bv), lambda bi, hi, j: (row(bi, hi), 0, j))
+    sspec = pl.BlockSpec((None, kdim, bv), lambda bi, hi, j: (row(bi, hi), 0, j))
+    in_specs = ([pl.BlockSpec((None, tp, kdim), lambda bi, hi, j: (row(bi, hi), 0, 0))]
+                if has_w else []) + [
+        vspec, pl.BlockSpec((None, tp, None, kdim), lambda bi, hi, j: (bi, 0, hi, 0)),
+        pl.BlockSpec((None, n, 1, 1), lambda bi, hi, j: (row(bi, hi), 0, 0, 0))]
+    if has_g:
+        in_specs.append(pl.BlockSpec((None, tp, None), lambda bi, hi, j: (bi, 0, hi)))
+    out_specs = [sspec, pl.BlockSpec((None, n, kdim, bv),
+                                     lambda bi, hi, j: (row(bi, hi), 0, 0, j))]
+    out_shape = [jax.ShapeDtypeStruct((bh, kdim, vdim), jnp.float32),
+                 jax.ShapeDtypeStruct((bh, n, kdim, vdim), dt)]
+    if has_w:
+        out_specs.append(vspec)
+        out_shape.append(jax.ShapeDtypeStruct((bh, tp, vdim), dt))
+    args = ([w] if has_w else []) + [ut, k, gcl] + ([gam] if has_g else []) + [s0]
+    st, h, *rest = pl.pallas_call(
+        functools.partial(_state_kernel_gpu, has_w=has_w, has_g=has_g, chunk=c,
+                          num_chunks=n),
+        grid=(b, nh, vdim // bv), in_specs=in_specs + [sspec], out_specs=out_specs,
+        out_shape=out_shape, interpret=common.interpret(),
+        compiler_params=_sequential_params(kdim, bv),
+        name="linear_chunk_fwd_states")(*args)
+    u = rest[0] if has_w else ut
+
+    # pass 2: outputs, parallel over chunks; grid (B, H, chunks)
+    crow = lambda width: pl.BlockSpec(  # noqa: E731  (one chunk's rows of a (BH, Tp, width))
+        (None, c, width), lambda bi, hi, i: (row(bi, hi), i, 0))
+    in_specs = [pl.BlockSpec((None, c, None, kdim), lambda bi, hi, i: (bi, i, hi, 0)),
+                crow(c)]
+    if has_g:
+        in_specs.append(pl.BlockSpec((None, c, None), lambda bi, hi, i: (bi, i, hi)))
+    in_specs += [pl.BlockSpec((None, None, kdim, vdim),
+                              lambda bi, hi, i: (row(bi, hi), i, 0, 0)), crow(vdim)]
+    o = pl.pallas_call(
+        functools.partial(_output_kernel_gpu, has_g=has_g, block_cols=min(vdim, 64)),
+        grid=(b, nh, n), in_specs=in_specs,
+        out_specs=pl.BlockSpec((None, c, None, vdim), lambda bi, hi, i: (bi, i, hi, 0)),
+        out_shape=jax.ShapeDtypeStruct((b, tp, nh, vdim), jnp.dtype(cfg.out_dtype)),
+        interpret=common.interpret(),
+        compiler_params=common.compiler_params("gpu", num_warps=OUTPUT_WARPS,
+                                               num_stages=1),
+        name="linear_chunk_fwd_output")(q, p, *([gam] if has_g else []), h, u)
+    return [o, st, h] if save else [o, st]
+
+
+# Warps of the split forward's output kernel (KERNELS_PALLAS_OUTPUT_WARPS; untuned).
+OUTPUT_WARPS = int(os.environ.get("KERNELS_PALLAS_OUTPUT_WARPS", "4"))
 
 
 # ----------------------------------------------------------------------------- backward kernels

@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 import kernels.pallas as kp
 from kernels.pallas import gdn as kp_gdn
+from kernels.pallas import recurrence as kp_rec
 
 C = 16
 SLOW = pytest.mark.slow
@@ -40,11 +41,13 @@ def cases(fast_gpu, all_cases):
 def with_prep_bwd(params):
     """GDN cases x the fused preparation's backward (kernels.pallas.gdn.PREP_BWD): the
     "gpu" program (fused Pallas preparation) runs each case with both backwards and with
-    "fused" (gdn.FUSED_VJP: one custom VJP over preparation + recurrence), with the
+    "fused" (gdn.FUSED_VJP: one custom VJP over preparation + recurrence) and with
+    "split" (recurrence.SPLIT_FWD: the forward as a state pass + an output pass), with the
     case's marks; the "tpu" program differentiates the XLA preparation, so one run."""
     out = []
     for p in params:
-        bwds = (*kp_gdn.PREP_BWD_CHOICES, "fused") if p.values[0] == "gpu" else ("xla",)
+        bwds = ((*kp_gdn.PREP_BWD_CHOICES, "fused", "split") if p.values[0] == "gpu"
+                else ("xla",))
         for bwd in bwds:
             out.append(pytest.param(*p.values, bwd, marks=p.marks))
     return out
@@ -138,7 +141,9 @@ def gdn_inputs(seed, b, t, h, kd, vd, beta_mode="random"):
     [(37, "random")], [(37, "random"), (1, "random"), (32, "edges")])))
 def test_gdn_forward_and_grads_match_float64(variant, t, beta_mode, prep_bwd, monkeypatch):
     monkeypatch.setattr(kp_gdn, "FUSED_VJP", prep_bwd == "fused")
-    monkeypatch.setattr(kp_gdn, "PREP_BWD", "pallas" if prep_bwd == "fused" else prep_bwd)
+    monkeypatch.setattr(kp_rec, "SPLIT_FWD", int(prep_bwd == "split"))
+    monkeypatch.setattr(kp_gdn, "PREP_BWD",
+                        "pallas" if prep_bwd in ("fused", "split") else prep_bwd)
     q, k, v, g, beta, s0 = gdn_inputs(t, 2, t, 2, 16, 32, beta_mode)
     o, st = kp.gated_delta_rule(q, k, v, g, beta, initial_state=s0, return_state=True,
                                 chunk_size=C, variant=variant)
@@ -203,11 +208,22 @@ def linear_inputs(seed, t, decay, normalize, b=2, h=2, f=16, dv=32):
     return q, k, v, ld, np.asarray(g, np.float32), s0, z0
 
 
-@pytest.mark.parametrize("variant,normalize,decay,t", cases(
+def with_split(params):
+    """Each "gpu" case also with recurrence.SPLIT_FWD (state pass + output pass)."""
+    out = []
+    for p in params:
+        for split in ((0, 1) if p.values[0] == "gpu" else (0,)):
+            out.append(pytest.param(*p.values, split, marks=p.marks))
+    return out
+
+
+@pytest.mark.parametrize("variant,normalize,decay,t,split", with_split(cases(
     [(True, "tokens", 37)],
     [(False, None, 37), (False, "tokens", 37), (True, None, 1), (True, "tokens", 37),
-     (True, "heads", 16)]))
-def test_linear_forward_and_grads_match_float64(variant, normalize, decay, t):
+     (True, "heads", 16)])))
+def test_linear_forward_and_grads_match_float64(variant, normalize, decay, t, split,
+                                                monkeypatch):
+    monkeypatch.setattr(kp_rec, "SPLIT_FWD", split)
     eps = 1e-6
     q, k, v, ld, g, s0, z0 = linear_inputs(t, t, decay, normalize)
     init = (s0, z0) if normalize else s0
