@@ -10,7 +10,8 @@ the copy bandwidth measured in the same job) and the ratio to the anchor (fla fo
 with both preparation backwards side by side ("pallas": the Pallas kernel, the default;
 "pallas-xbwd": XLA's autodiff of the preparation; --skip xbwd to leave it out) and with
 the other setting of gdn.FUSED_VJP ("pallas-fvjp1" / "pallas-fvjp0"; --skip fvjp) and of
-recurrence.SPLIT_FWD ("pallas-split1" / "pallas-split0"; --skip split); checks
+recurrence.SPLIT_FWD ("pallas-split-always": fwd split without a gradient;
+"pallas-split-never": fwd+bwd with a one-loop forward; --skip split); checks
 the bf16 Pallas outputs against the float32 chunk form; records peak memory of fwd+bwd at
 the longest shape. Writes <out>/benchmarks.json and <out>/benchmarks.md.
 """
@@ -278,12 +279,13 @@ def main():
         print(f"{op:8s} {impl:16s} {pss:8s} B{b:<2d} T{t:<6d} {seconds * 1e3:9.3f} ms "
               f"{b * t / seconds / 1e6:9.2f} Mtok/s  floor {rec['floor_ms']:.3f} ms", flush=True)
 
-    from kernels.pallas import gdn as kp_gdn, recurrence as kp_rec
+    from kernels.pallas import gdn as kp_gdn, intra as kp_intra, recurrence as kp_rec
     settings = {"prep_bwd": kp_gdn.PREP_BWD, "fused_vjp": kp_gdn.FUSED_VJP,
                 "seq_warps": kp_rec.SEQ_WARPS or "auto",
                 "seq_stages": kp_rec.SEQ_STAGES, "seq_programs": kp_rec.SEQ_PROGRAMS,
                 "min_block_v": kp_rec.MIN_BLOCK_V, "split_fwd": kp_rec.SPLIT_FWD,
-                "grads_warps": kp_rec.GRADS_WARPS, "output_warps": kp_rec.OUTPUT_WARPS}
+                "grads_warps": kp_rec.GRADS_WARPS, "output_warps": kp_rec.OUTPUT_WARPS,
+                "prep_warps": kp_intra.NUM_WARPS}
     print(f"# kernel settings {settings}")
     run_meta = {"run": 1, "commit": git_commit(), "settings": settings,
                 "copy_bandwidth_TBps": None,
@@ -394,20 +396,21 @@ def main():
                     "gdn", f"pallas-fvjp{int(other)}", "fwd+bwd", b, t,
                     time_jax(fwd_bwd(gdn_fn("pallas"), 5, fused_vjp=other), q, k, v, g,
                              beta, do), fb_bytes))
-            if impl == "pallas" and "split" not in skip:  # the other SPLIT_FWD setting
-                other = int(not kp_rec.SPLIT_FWD)
-                name = f"pallas-split{other}"
-                split_gdn = with_setting(gdn_fn("pallas"), kp_rec, "SPLIT_FWD", other)
-                split_la = with_setting(la_fn("pallas"), kp_rec, "SPLIT_FWD", other)
-                attempt(f"gdn {name} fwd {b}x{t}", lambda: record(
-                    "gdn", name, "fwd", b, t, time_jax(jax.jit(split_gdn), q, k, v, g, beta),
-                    fwd_bytes))
-                attempt(f"gdn {name} fwd+bwd {b}x{t}", lambda: record(
-                    "gdn", name, "fwd+bwd", b, t,
-                    time_jax(fwd_bwd(split_gdn, 5), q, k, v, g, beta, do), fb_bytes))
-                attempt(f"linear {name} fwd {b}x{t}", lambda: record(
-                    "linear", name, "fwd", b, t, time_jax(jax.jit(split_la), qa, ka, va),
-                    fwd_bytes))
+            if impl == "pallas" and "split" not in skip:  # the other forward layouts
+                # (recurrence.SPLIT_FWD): split without a gradient, one loop with one
+                for pss, mode, fn, ndiff, xs in (
+                        ("fwd", "always", gdn_fn, None, (q, k, v, g, beta)),
+                        ("fwd+bwd", "never", gdn_fn, 5, (q, k, v, g, beta, do)),
+                        ("fwd", "always", la_fn, None, (qa, ka, va))):
+                    op = "gdn" if fn is gdn_fn else "linear"
+                    if mode == kp_rec.SPLIT_FWD:
+                        continue
+                    # read when the forward is traced (the backward follows its residuals)
+                    f = with_setting(fn("pallas"), kp_rec, "SPLIT_FWD", mode)
+                    timed = jax.jit(f) if ndiff is None else fwd_bwd(f, ndiff)
+                    attempt(f"{op} pallas-split-{mode} {pss} {b}x{t}", lambda: record(
+                        op, f"pallas-split-{mode}", pss, b, t, time_jax(timed, *xs),
+                        fwd_bytes if pss == "fwd" else fb_bytes))
             if impl == "pallas" and "xbwd" not in skip:  # XLA's preparation backward
                 attempt(f"gdn pallas-xbwd fwd+bwd {b}x{t}", lambda: record(
                     "gdn", "pallas-xbwd", "fwd+bwd", b, t,

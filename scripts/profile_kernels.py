@@ -34,7 +34,7 @@ def split_gdn():
     """The Pallas GDN with the other setting of recurrence.SPLIT_FWD."""
     from kernels.pallas import recurrence
     return bk.with_setting(bk.gdn_fn("pallas"), recurrence, "SPLIT_FWD",
-                           int(not recurrence.SPLIT_FWD))
+                           "always" if recurrence.SPLIT_FWD == "never" else "never")
 
 
 def cases(b, t, what):
@@ -47,7 +47,8 @@ def cases(b, t, what):
         "gdn-fwdbwd-xbwd": lambda: (bk.fwd_bwd(bk.gdn_fn("pallas"), 5, "xla"),
                                     (q, k, v, g, beta, do)),
         "linear-fwdbwd": lambda: (bk.fwd_bwd(bk.la_fn("pallas"), 3), (q, k, v, do)),
-        # the other recurrence.SPLIT_FWD setting (state pass + output pass, or one loop)
+        # the forward as one loop under a gradient too, or split without one (the default
+        # splits it into a state pass + an output pass under a gradient only)
         "gdn-fwd-split": lambda: (jax.jit(split_gdn()), (q, k, v, g, beta)),
         "gdn-fwdbwd-split": lambda: (bk.fwd_bwd(split_gdn(), 5), (q, k, v, g, beta, do)),
     }
@@ -149,29 +150,39 @@ def tune(out):
     return rows
 
 
+# The settings tune_sequential varies: key -> (module, attribute, environment variable).
+SEQ_KNOBS = {"warps": ("recurrence", "SEQ_WARPS", "KERNELS_PALLAS_SEQ_WARPS"),
+             "stages": ("recurrence", "SEQ_STAGES", "KERNELS_PALLAS_SEQ_STAGES"),
+             "programs": ("recurrence", "SEQ_PROGRAMS", "KERNELS_PALLAS_SEQ_PROGRAMS"),
+             "grads_warps": ("recurrence", "GRADS_WARPS", "KERNELS_PALLAS_GRADS_WARPS"),
+             "output_warps": ("recurrence", "OUTPUT_WARPS", "KERNELS_PALLAS_OUTPUT_WARPS"),
+             "split": ("recurrence", "SPLIT_FWD", "KERNELS_PALLAS_SPLIT_FWD"),
+             "prep_warps": ("intra", "NUM_WARPS", "KERNELS_PALLAS_PREP_WARPS")}
+
+
 def tune_sequential(out):
-    """Settings of the backward/sequential GPU kernels (recurrence.SEQ_WARPS / SEQ_STAGES
-    / SEQ_PROGRAMS / GRADS_WARPS / SPLIT_FWD), one change at a time from the current
-    defaults (and the other SPLIT_FWD with one more stage), timed
-    side by side on GDN fwd+bwd at B2 T8192 and fwd at B1 T32768. Writes DIR/seq.json and DIR/best_seq.env
-    (the setting with the least summed time, as the environment variables that select
-    it) so a job can benchmark with it."""
-    from kernels.pallas import recurrence
-    names = {"warps": "SEQ_WARPS", "stages": "SEQ_STAGES", "programs": "SEQ_PROGRAMS",
-             "grads_warps": "GRADS_WARPS", "split": "SPLIT_FWD"}
-    default = {key: getattr(recurrence, attr) for key, attr in names.items()}
-    other_split = int(not default["split"])
-    settings = [default, {**default, "stages": default["stages"] + 1},
-                {**default, "grads_warps": 4 if default["grads_warps"] == 8 else 8},
-                {**default, "split": other_split},
-                {**default, "split": other_split, "stages": default["stages"] + 1}]
+    """Settings of the GPU kernels of the GDN op (SEQ_KNOBS: warps and stages of the
+    sequential loops, the gradient and output kernels' and the preparation's warps, the
+    split forward), one change at a time from the current defaults, each timed side by
+    side on GDN fwd+bwd at B8 T2048 and B2 T8192 and fwd at B1 T32768 (a setting that
+    fails on one shape, e.g. out of shared memory, counts as infinitely slow). Writes
+    DIR/seq.json and DIR/best_seq.env (the setting with the least summed time, as the
+    environment variables that select it) so a job can benchmark with it."""
+    from kernels.pallas import intra, recurrence
+    mods = {"recurrence": recurrence, "intra": intra}
+    knob = lambda key: (mods[SEQ_KNOBS[key][0]], SEQ_KNOBS[key][1])  # noqa: E731
+    default = {key: getattr(*knob(key)) for key in SEQ_KNOBS}
+    settings = [default, {**default, "warps": 2}, {**default, "prep_warps": 2},
+                {**default, "output_warps": 8}, {**default, "split": "never"}]
+    cases_ = (("fwd+bwd B8 T2048", time_gdn_fwdbwd, 8, 2048),
+              ("fwd+bwd B2 T8192", time_gdn_fwdbwd, 2, 8192),
+              ("fwd B1 T32768", time_gdn_fwd, 1, 32768))
     rows = []
     for st in settings:
-        for key, attr in names.items():
-            setattr(recurrence, attr, st[key])
+        for key in SEQ_KNOBS:
+            setattr(*knob(key), st[key])
         times = {}
-        for name, timer, b, t in (("fwd+bwd B2 T8192", time_gdn_fwdbwd, 2, 8192),
-                                  ("fwd B1 T32768", time_gdn_fwd, 1, 32768)):
+        for name, timer, b, t in cases_:
             try:
                 times[name] = timer(b, t)
             except Exception as e:  # noqa: BLE001
@@ -185,17 +196,14 @@ def tune_sequential(out):
             d = pathlib.Path(out)
             d.mkdir(parents=True, exist_ok=True)
             (d / "seq.json").write_text(json.dumps(rows, indent=1))
-    for key, attr in names.items():
-        setattr(recurrence, attr, default[key])
-    best = min(rows, key=lambda r: r["fwd+bwd B2 T8192"] + r["fwd B1 T32768"])
+    for key in SEQ_KNOBS:
+        setattr(*knob(key), default[key])
+    best = min(rows, key=lambda r: sum(r[name] for name, *_ in cases_))
     print(f"  best: {best}", flush=True)
     if out:
         (pathlib.Path(out) / "best_seq.env").write_text(
-            f"export KERNELS_PALLAS_SEQ_WARPS={best['warps']} "
-            f"KERNELS_PALLAS_SEQ_STAGES={best['stages']} "
-            f"KERNELS_PALLAS_SEQ_PROGRAMS={best['programs']} "
-            f"KERNELS_PALLAS_GRADS_WARPS={best['grads_warps']} "
-            f"KERNELS_PALLAS_SPLIT_FWD={best['split']}\n")
+            "export " + " ".join(f"{env}={best[key]}" for key, (_, _, env) in SEQ_KNOBS.items())
+            + "\n")
     return best
 
 

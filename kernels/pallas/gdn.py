@@ -129,10 +129,12 @@ prep_pallas.defvjp(_prep_fwd, _prep_bwd)
 
 # One custom VJP over the fused preparation and the recurrence (GPU): its backward gives
 # the recurrence's dq, dk and dG to the preparation-backward kernel, which adds them in
-# place of XLA's sums of the two paths' cotangents (an XLA add of 0.095 ms in the B2
-# T8192 profile may be those sums). Same numbers (tests/kernels/test_pallas_prep_bwd.py);
-# off until timed on the GPU: KERNELS_GDN_FUSED_VJP=1 or assign FUSED_VJP = True.
-FUSED_VJP = os.environ.get("KERNELS_GDN_FUSED_VJP", "0") == "1"
+# place of XLA's sums of the two paths' cotangents (an XLA `wrapped_add`: 0.095 ms at B2
+# T8192, 0.187 ms at B1 T32768). Same numbers (tests/kernels/test_pallas_prep_bwd.py).
+# On by default since timed side by side on the H200: GDN fwd+bwd 2.180 -> 2.116 ms at
+# B2 T8192 (docs/benchmarks.md). KERNELS_GDN_FUSED_VJP=0 or FUSED_VJP = False for the
+# two-VJP path (which PREP_BWD = "xla" also selects).
+FUSED_VJP = os.environ.get("KERNELS_GDN_FUSED_VJP", "1") == "1"
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
@@ -153,10 +155,10 @@ def _fused_fwd(q, k, v, g, beta, s0, cfg):
 
 def _fused_bwd(cfg, saved, cts):
     v, beta, inverse, res = saved
-    w, ut, q, k, p, gcl, big_g, h = res
+    w, ut, q, k, p, gcl, big_g, h, u = res
     do, dst = cts
     dw, dut, dq, dk, dp, dgcl, dgam, ds0 = recurrence._backward_gpu(
-        w, ut, q, k, p, gcl, big_g, h, do, dst.astype(jnp.float32), cfg)
+        w, ut, q, k, p, gcl, big_g, h, do, dst.astype(jnp.float32), cfg, u=u)
     return (*_prep_pallas_vjp(q, k, v, big_g, beta, inverse, (dw, dut, dp, dgcl), cfg.chunk,
                               add=(dq, dk, dgam)), ds0)
 
@@ -192,7 +194,9 @@ def gated_delta_rule(q, k, v, log_alpha, beta, *, initial_state=None, return_sta
           else jnp.asarray(initial_state, jnp.float32)).reshape(b * h, kdim, vdim)
     cfg = Config(chunk=c, variant=variant, out_dtype=jnp.dtype(dtype).name,
                  block_v=block_v(kdim, vdim, variant, b * h, block_v_cols))
-    if fused_prep and FUSED_VJP and variant == "gpu":
+    # the fused VJP has the Pallas preparation backward built in, so PREP_BWD = "xla"
+    # takes the two-VJP path (read here, when the forward is traced)
+    if fused_prep and FUSED_VJP and PREP_BWD == "pallas" and variant == "gpu":
         o, st = _fused(q, k, v, g, bt, s0, cfg)
     else:
         w, ut, p, gcl = (prep_pallas if fused_prep else prep_xla)(q, k, v, g, bt, c)

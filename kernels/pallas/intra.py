@@ -21,6 +21,7 @@ kernel kernels.pallas.intra_bwd from the same saved X ("pallas").
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -30,7 +31,9 @@ from jax.experimental import pallas as pl
 from kernels.pallas import common
 
 BS = 16  # rows per diagonal block of the UT transform
-NUM_WARPS = 4  # per program; read when traced (scripts/profile_kernels.py --tune sets it)
+# Warps per program; read when traced (KERNELS_PALLAS_PREP_WARPS; profile_kernels --tune).
+# 8 was slower than 4 on the H200 (GDN fwd 0.64 -> 0.81 ms at B8 T2048).
+NUM_WARPS = int(os.environ.get("KERNELS_PALLAS_PREP_WARPS", "4"))
 
 
 def _mm(a, b, *, tb=False, precision=None):

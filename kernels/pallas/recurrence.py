@@ -276,7 +276,7 @@ def _forward(w, ut, q, k, p, gcl, gam, s0, cfg: Config, save: bool):
                   jax.ShapeDtypeStruct((bh, kdim, vdim), jnp.float32)]
     if save:  # chunk-start states, in the input dtype: every use casts them to it first
         out_shapes.append(jax.ShapeDtypeStruct((bh, n, kdim, vdim), ut.dtype))
-    if cfg.variant == "gpu" and SPLIT_FWD:
+    if _split_forward(cfg, save):
         return _forward_split_gpu(w, ut, q, k, p, gcl, gam, s0, cfg, save)
     qx, kx, gx = _layout(q, k, gam, cfg)
     args = ([w] if has_w else []) + [ut, qx, kx, p, gcl] + ([gx] if has_g else []) + [s0]
@@ -292,11 +292,12 @@ def _forward(w, ut, q, k, p, gcl, gam, s0, cfg: Config, save: bool):
                                           lambda bi, hi, j: (row(bi, hi), 0, 0, j)))
         kernel = functools.partial(_fwd_kernel_gpu, has_w=has_w, has_g=has_g, save=save,
                                    chunk=c, num_chunks=n)
-        return pl.pallas_call(
+        outs = pl.pallas_call(
             kernel, grid=(b, h, vdim // bv), in_specs=in_specs, out_specs=out_specs,
             out_shape=out_shapes, interpret=common.interpret(),
             compiler_params=_sequential_params(kdim, bv),
             name="linear_chunk_fwd")(*args)
+        return [*outs, None] if save else outs
 
     vspec = pl.BlockSpec((None, c, vdim), lambda i, j: (i, j, 0))
     sspec = pl.BlockSpec((None, kdim, vdim), lambda i, j: (i, 0, 0))
@@ -310,19 +311,33 @@ def _forward(w, ut, q, k, p, gcl, gam, s0, cfg: Config, save: bool):
         scratch_shapes=[common.pltpu.VMEM((kdim, vdim), jnp.float32)],
         interpret=common.interpret(), compiler_params=common.compiler_params("tpu"),
         name="linear_chunk_fwd")(*args)
-    return [common.from_chunk_major(o, b, h), *rest]
+    return [common.from_chunk_major(o, b, h), *rest] + ([None] if save else [])
 
 
 # ----------------------------------------------------------------------------- split forward (GPU)
 
-# The GPU forward as two calls (SPLIT_FWD = 1): a sequential state pass that carries S,
-# writing each chunk-start state and U = Ut - W S (2 matmuls a chunk on the critical
-# path, 1 for linear attention: U = V), then an output pass parallel over (head, chunk),
-# O = Qg S + P U. The one-call forward (0) does all 4 matmuls inside the loop; with few
-# heads (B1 H16: 128 programs, one per SM) the loop is latency-bound, so its length per
-# chunk is what counts. Costs writing and reading the chunk-start states (already written
-# under a gradient). Read when traced; KERNELS_PALLAS_SPLIT_FWD.
-SPLIT_FWD = int(os.environ.get("KERNELS_PALLAS_SPLIT_FWD", "0"))
+# The GPU forward as two calls: a sequential state pass that carries S, writing each
+# chunk-start state and U = Ut - W S (2 matmuls a chunk on the critical path, 1 for
+# linear attention: U = V), then an output pass parallel over (head, chunk),
+# O = Qg S + P U. The one-call forward does all 4 matmuls inside the loop. With few heads
+# (B1 H16: 128 programs, one per SM) the loop is latency-bound, so its length per chunk
+# is what counts. The split costs writing and reading the chunk-start states; under a
+# gradient they are written anyway, and U is then saved for the backward (which would
+# otherwise recompute it). On the H200 (profile_kernels / bench_kernels, side by side):
+# under a gradient GDN fwd+bwd 2.28 -> 2.18 ms at B2 T8192 and 5.15 -> 4.85 ms at
+# B1 T32768; without one, GDN fwd 0.645 -> 0.716 ms at B2 T8192 (worse) and 1.001 ->
+# 1.004 ms of recurrence at B1 T32768 (even), linear attention fwd 0.495 -> 0.558 ms at
+# B8 T2048 (worse). So "grad" (the default): split only in the VJP's forward. Read when
+# traced; KERNELS_PALLAS_SPLIT_FWD = grad | always | never.
+SPLIT_FWD_CHOICES = ("grad", "always", "never")
+SPLIT_FWD = os.environ.get("KERNELS_PALLAS_SPLIT_FWD", "grad")
+
+
+def _split_forward(cfg: Config, save: bool) -> bool:
+    if SPLIT_FWD not in SPLIT_FWD_CHOICES:
+        raise ValueError(f"kernels.pallas.recurrence.SPLIT_FWD (env KERNELS_PALLAS_SPLIT_FWD)"
+                         f" is {SPLIT_FWD!r}; valid: {SPLIT_FWD_CHOICES}")
+    return cfg.variant == "gpu" and (SPLIT_FWD == "always" or (SPLIT_FWD == "grad" and save))
 
 
 def _state_kernel_gpu(*refs, has_w, has_g, chunk, num_chunks):
@@ -372,7 +387,7 @@ def _output_kernel_gpu(*refs, has_g, block_cols):
 
 def _forward_split_gpu(w, ut, q, k, p, gcl, gam, s0, cfg: Config, save: bool):
     """The GPU forward as a state pass and an output pass (SPLIT_FWD); same returns as
-    _forward."""
+    _forward, with save also U = Ut - W S (None for linear attention, where U = Ut)."""
     b, tp, nh, kdim = q.shape
     bh = b * nh
     vdim = ut.shape[-1]
@@ -427,7 +442,7 @@ def _forward_split_gpu(w, ut, q, k, p, gcl, gam, s0, cfg: Config, save: bool):
         compiler_params=common.compiler_params("gpu", num_warps=OUTPUT_WARPS,
                                                num_stages=1),
         name="linear_chunk_fwd_output")(q, p, *([gam] if has_g else []), h, u)
-    return [o, st, h] if save else [o, st]
+    return [o, st, h, rest[0] if has_w else None] if save else [o, st]
 
 
 # Warps of the split forward's output kernel (KERNELS_PALLAS_OUTPUT_WARPS; untuned).
@@ -466,7 +481,7 @@ def _dstate_kernel_gpu(*refs, has_w, has_g, chunk, num_chunks):
     ds0_ref[...] = lax.fori_loop(0, num_chunks, body, dst_ref[...])
 
 
-def _grads_kernel_gpu(*refs, has_w, has_g, block_cols):
+def _grads_kernel_gpu(*refs, has_w, has_g, u_saved, block_cols):
     """GPU backward, pass 2: one program per (batch, head, chunk), all value columns
     (in blocks of block_cols). From the chunk-start state S (saved by the forward), dS'
     and dU (pass 1), with U = Ut - W S recomputed:
@@ -474,7 +489,8 @@ def _grads_kernel_gpu(*refs, has_w, has_g, block_cols):
         dQg = dO S^T   dKd = U dS'^T   dW = -dU S^T   dP = dO U^T   dG_C = e^G_C <S, dS'>
 
     then the decay chain in place: dq = dQg e^G, dk = dKd e^(G_C - G),
-    dG = <dq, q> - <dk, k>, dG_C += sum_t <dk, k>."""
+    dG = <dq, q> - <dk, k>, dG_C += sum_t <dk, k>. u_saved: the ut slot holds U itself
+    (written by the split forward), so neither W nor a matmul is needed for it."""
     (w_ref, ut_ref, q_ref, k_ref, _, gcl_ref, g_ref), rest = _split(refs, has_w, has_g)
     h_ref, dh_ref, do_ref, du_ref, dq_ref, dk_ref, *rest = rest
     dw_ref = rest.pop(0) if has_w else None
@@ -485,7 +501,7 @@ def _grads_kernel_gpu(*refs, has_w, has_g, block_cols):
     prec = common.dot_precision(dt)
     c, kdim = q_ref.shape
     vdim = ut_ref.shape[-1]
-    w = w_ref[...] if has_w else None
+    w = w_ref[...] if has_w and not u_saved else None
     dqg = jnp.zeros((c, kdim), f32)
     dkd = jnp.zeros((c, kdim), f32)
     dw = jnp.zeros((c, kdim), f32)
@@ -495,7 +511,7 @@ def _grads_kernel_gpu(*refs, has_w, has_g, block_cols):
         cols = pl.ds(j * block_cols, block_cols)
         sc, dsc = h_ref[:, cols], dh_ref[:, cols]
         doc = do_ref[:, cols].astype(dt)
-        uc = _chunk_values(ut_ref[:, cols], w, sc, prec)
+        uc = ut_ref[:, cols] if u_saved else _chunk_values(ut_ref[:, cols], w, sc, prec)
         dqg += _mm(doc, sc, tb=True, precision=prec)
         dp += _mm(doc, uc, tb=True, precision=prec)
         dkd += _mm(uc, dsc, tb=True, precision=prec)
@@ -523,10 +539,13 @@ def _grads_kernel_gpu(*refs, has_w, has_g, block_cols):
     dgcl_ref[...] = dgcl
 
 
-def _backward_gpu(w, ut, q, k, p, gcl, gam, h, do, dst, cfg: Config):
-    """The GPU backward as two Pallas calls (see the two kernels). Returns
-    (dw | None, dut, dq, dk, dp, dgcl, dgam | None, ds0) with dq, dk as (B, Tp, H, K) in
-    the input dtype and the decay chain applied."""
+def _backward_gpu(w, ut, q, k, p, gcl, gam, h, do, dst, cfg: Config, u=None):
+    """The GPU backward as two Pallas calls (see the two kernels). u: U = Ut - W S as the
+    forward wrote it (then ut may be None), else recomputed from ut, w and the states.
+    Returns (dw | None, dut, dq, dk, dp, dgcl, dgam | None, ds0) with dq, dk as
+    (B, Tp, H, K) in the input dtype and the decay chain applied."""
+    u_saved = u is not None
+    ut = u if u_saved else ut
     b, tp, nh, kdim = q.shape
     bh = b * nh
     vdim = ut.shape[-1]
@@ -574,7 +593,7 @@ def _backward_gpu(w, ut, q, k, p, gcl, gam, h, do, dst, cfg: Config):
                     jax.ShapeDtypeStruct((bh, n, 1, 1), jnp.float32)]
                  + ([jax.ShapeDtypeStruct((b, tp, nh), jnp.float32)] if has_g else []))
     outs = pl.pallas_call(
-        functools.partial(_grads_kernel_gpu, has_w=has_w, has_g=has_g,
+        functools.partial(_grads_kernel_gpu, has_w=has_w, has_g=has_g, u_saved=u_saved,
                           block_cols=min(vdim, 64)),
         grid=(b, nh, n), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
         interpret=common.interpret(),
@@ -702,24 +721,27 @@ def chunk_recurrence(w, ut, q, k, p, gcl, gam, s0, cfg: Config):
 
 
 def _vjp_fwd(w, ut, q, k, p, gcl, gam, s0, cfg):
-    o, st, h = _forward(w, ut, q, k, p, gcl, gam, s0, cfg, save=True)
-    return (o, st), (w, ut, q, k, p, gcl, gam, h)
+    """Residuals (w, ut, q, k, p, gcl, gam, h, u): u = U when the forward wrote it (the
+    split GPU forward of GDN), and then ut (no longer needed) is None."""
+    o, st, h, u = _forward(w, ut, q, k, p, gcl, gam, s0, cfg, save=True)
+    return (o, st), (w, None if u is not None else ut, q, k, p, gcl, gam, h, u)
 
 
 def _vjp_bwd(cfg, res, cts):
-    w, ut, q, k, p, gcl, gam, h = res
+    w, ut, q, k, p, gcl, gam, h, u = res
     do, dst = cts
     dst = dst.astype(jnp.float32)
     if cfg.variant == "gpu":
         dw, dut, dq, dk, dp, dgcl, dgam, ds0 = _backward_gpu(
-            w, ut, q, k, p, gcl, gam, h, do, dst, cfg)
+            w, ut, q, k, p, gcl, gam, h, do, dst, cfg, u=u)
     else:
         do = common.to_chunk_major(do, q.shape[0], q.shape[2])
         dw, dut, dqg, dkd, dp, dgcl, ds0 = _backward_tpu(
             w, ut, q, k, p, gcl, gam, h, do, dst, cfg)
         dq, dk, dgam, dgcl = _chain_decay(dqg, dkd, dgcl, q, k, gcl, gam, cfg.chunk)
     cast = lambda g, like: None if like is None else g.astype(like.dtype)  # noqa: E731
-    return (cast(dw, w), cast(dut, ut), cast(dq, q), cast(dk, k), cast(dp, p), dgcl, dgam,
+    # dut in the inputs' dtype (ut may be None here: the split forward saved U instead)
+    return (cast(dw, w), cast(dut, p), cast(dq, q), cast(dk, k), cast(dp, p), dgcl, dgam,
             ds0)
 
 

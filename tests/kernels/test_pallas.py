@@ -41,13 +41,15 @@ def cases(fast_gpu, all_cases):
 def with_prep_bwd(params):
     """GDN cases x the fused preparation's backward (kernels.pallas.gdn.PREP_BWD): the
     "gpu" program (fused Pallas preparation) runs each case with both backwards and with
-    "fused" (gdn.FUSED_VJP: one custom VJP over preparation + recurrence) and with
-    "split" (recurrence.SPLIT_FWD: the forward as a state pass + an output pass), with the
-    case's marks; the "tpu" program differentiates the XLA preparation, so one run."""
+    "fused" (gdn.FUSED_VJP: one custom VJP over preparation + recurrence), and with the
+    forward as one loop ("never": recurrence.SPLIT_FWD, whose default splits the forward
+    into a state pass + an output pass under a gradient) or split without a gradient too
+    ("always"), with the case's marks; the "tpu" program differentiates the XLA
+    preparation, so one run."""
     out = []
     for p in params:
-        bwds = ((*kp_gdn.PREP_BWD_CHOICES, "fused", "split") if p.values[0] == "gpu"
-                else ("xla",))
+        bwds = ((*kp_gdn.PREP_BWD_CHOICES, "fused", "never", "always")
+                if p.values[0] == "gpu" else ("xla",))
         for bwd in bwds:
             out.append(pytest.param(*p.values, bwd, marks=p.marks))
     return out
@@ -141,9 +143,10 @@ def gdn_inputs(seed, b, t, h, kd, vd, beta_mode="random"):
     [(37, "random")], [(37, "random"), (1, "random"), (32, "edges")])))
 def test_gdn_forward_and_grads_match_float64(variant, t, beta_mode, prep_bwd, monkeypatch):
     monkeypatch.setattr(kp_gdn, "FUSED_VJP", prep_bwd == "fused")
-    monkeypatch.setattr(kp_rec, "SPLIT_FWD", int(prep_bwd == "split"))
+    monkeypatch.setattr(kp_rec, "SPLIT_FWD",
+                        prep_bwd if prep_bwd in kp_rec.SPLIT_FWD_CHOICES else "grad")
     monkeypatch.setattr(kp_gdn, "PREP_BWD",
-                        "pallas" if prep_bwd in ("fused", "split") else prep_bwd)
+                        prep_bwd if prep_bwd in kp_gdn.PREP_BWD_CHOICES else "pallas")
     q, k, v, g, beta, s0 = gdn_inputs(t, 2, t, 2, 16, 32, beta_mode)
     o, st = kp.gated_delta_rule(q, k, v, g, beta, initial_state=s0, return_state=True,
                                 chunk_size=C, variant=variant)
@@ -209,10 +212,11 @@ def linear_inputs(seed, t, decay, normalize, b=2, h=2, f=16, dv=32):
 
 
 def with_split(params):
-    """Each "gpu" case also with recurrence.SPLIT_FWD (state pass + output pass)."""
+    """Each "gpu" case with each recurrence.SPLIT_FWD (the forward as one loop or as a
+    state pass + an output pass: never, under a gradient, always)."""
     out = []
     for p in params:
-        for split in ((0, 1) if p.values[0] == "gpu" else (0,)):
+        for split in (kp_rec.SPLIT_FWD_CHOICES if p.values[0] == "gpu" else ("grad",)):
             out.append(pytest.param(*p.values, split, marks=p.marks))
     return out
 

@@ -141,15 +141,21 @@ def test_gpu_backward_is_a_state_pass_and_a_chunk_parallel_pass():
     dtype (bf16 here), then one chunk-parallel call writing dq, dk in the inputs' own
     (B, Tp, H, K) layout with the decay chain applied (dG as (B, Tp, H) float32): no
     float32 per-value-block partials of the K-sided gradients to sum afterwards. The
-    forward under a gradient saves the chunk-start states in the input dtype."""
+    forward under a gradient is split (recurrence.SPLIT_FWD = "grad"): a sequential pass
+    saving the chunk-start states and U = Ut - W S in the input dtype, then a
+    chunk-parallel output pass."""
     args = inputs(4)
     tp = -(-T // C) * C
     n = tp // C
     loss = lambda *a: jnp.sum(gdn(*a).astype(jnp.float32))  # noqa: E731
     eqns = pallas_calls(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))(*args))
     bf16, f32 = jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)
-    (fwd,) = named(eqns, "linear_chunk_fwd")
-    assert ((B * H, n, K, V), bf16) in outputs(fwd)                         # saved states
+    (fwd,) = named(eqns, "linear_chunk_fwd_states")
+    assert outputs(fwd) == [((B * H, K, V), f32), ((B * H, n, K, V), bf16),  # final, saved
+                            ((B * H, tp, V), bf16)]                           # states; U
+    (out,) = named(eqns, "linear_chunk_fwd_output")
+    assert outputs(out) == [((B, tp, H, V), bf16)]
+    assert not exactly(eqns, "linear_chunk_fwd")  # the one-loop forward is not used
     (state_pass,) = named(eqns, "linear_chunk_bwd_dstate")
     assert outputs(state_pass) == [((B * H, tp, V), bf16), ((B * H, n, K, V), bf16),
                                    ((B * H, K, V), f32)]
