@@ -153,7 +153,10 @@ def cudnn_fn(q, k, v):
 
 
 def fwd_bwd(f, ndiff, prep_bwd=None, fused_vjp=None):
-    """jit of the VJP of f w.r.t. its first ndiff arguments with a fixed cotangent.
+    """jit of f's outputs and its VJP w.r.t. its first ndiff arguments with a fixed
+    cotangent: a training step's work. (Returning the outputs matters: without them XLA
+    drops whatever computes only O, e.g. the split forward's output pass, and the time
+    would not be what a model pays.)
     prep_bwd: the GDN preparation's backward ("xla" | "pallas"); fused_vjp: GDN's one
     custom VJP over preparation + recurrence (True | False); both chosen while tracing."""
     from kernels.pallas import gdn
@@ -165,7 +168,7 @@ def fwd_bwd(f, ndiff, prep_bwd=None, fused_vjp=None):
         gdn.FUSED_VJP = saved[1] if fused_vjp is None else fused_vjp
         try:
             out, pull = jax.vjp(lambda *d: f(*d, *args[ndiff:-1]), *args[:ndiff])
-            return pull(args[-1])
+            return out, pull(args[-1])
         finally:
             gdn.PREP_BWD, gdn.FUSED_VJP = saved
     return jax.jit(run)
@@ -447,9 +450,10 @@ def main():
             f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
             ref = jax.jit(gdn_fn("chunk"))(f32(q), f32(k), f32(v), g, beta)
             got = jax.jit(gdn_fn("pallas"))(q, k, v, g, beta)
-            gref = fwd_bwd(gdn_fn("chunk"), 3)(f32(q), f32(k), f32(v), g, beta, f32(do))
-            ggot = fwd_bwd(gdn_fn("pallas"), 3)(q, k, v, g, beta, do)
-            gpb = fwd_bwd(gdn_fn("pallas"), 3, "xla")(q, k, v, g, beta, do)
+            # the gradients (fwd_bwd also returns the outputs)
+            gref = fwd_bwd(gdn_fn("chunk"), 3)(f32(q), f32(k), f32(v), g, beta, f32(do))[1]
+            ggot = fwd_bwd(gdn_fn("pallas"), 3)(q, k, v, g, beta, do)[1]
+            gpb = fwd_bwd(gdn_fn("pallas"), 3, "xla")(q, k, v, g, beta, do)[1]
             la_ref = jax.jit(la_fn("chunk"))(f32(qa), f32(ka), f32(va))
             la_got = jax.jit(la_fn("pallas"))(qa, ka, va)
             c = {"gdn_o": rel_rms(got, ref), "linear_o": rel_rms(la_got, la_ref)}

@@ -50,3 +50,14 @@ def test_profile_sums_device_events_by_kernel_name(tmp_path):
     assert procs == ["/device:GPU:0", "/host:CPU"]
     with pytest.raises(FileNotFoundError):
         pk.device_events(tmp_path / "plugins" / "profile" / "missing")
+
+
+def test_fwd_bwd_returns_the_outputs_with_the_gradients():
+    """The fwd+bwd timer must keep the forward's outputs live: without them XLA drops the
+    work that only computes O (the split forward's output pass), which a model pays."""
+    import jax.numpy as jnp
+    x = jnp.arange(4.0)
+    ct = jnp.ones(4)
+    out, (dx,) = bk.fwd_bwd(lambda a: jnp.sin(a) * 2.0, 1)(x, ct)
+    assert jnp.allclose(out, 2.0 * jnp.sin(x))
+    assert jnp.allclose(dx, 2.0 * jnp.cos(x))
