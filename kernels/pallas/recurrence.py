@@ -22,7 +22,10 @@ stored; dS = dL/dS' is carried from the last chunk to the first):
     dG_C = exp(G_C) <S, dS'>,  then  dq = dQg exp(G),  dk = dKd exp(G_C - G),
     dG = <dQg, Qg> - <dKd, Kd>,  dG_C += sum_t <dKd, Kd>.
 
-GPU: two calls. A sequential pass per (head, value block) carries dS and writes dU and
+GPU forward under a gradient (SPLIT_FWD): a state pass (h, U, S' only) + a chunk-parallel
+output pass; the backward then reads the saved U instead of recomputing it.
+
+GPU backward: two calls. A sequential pass per (head, value block) carries dS and writes dU and
 each chunk's dS' (only the first line needs the recurrence); then a pass parallel over
 (head, chunk), all value columns per program, forms the K-sided gradients from S, dS'
 and dU and applies the decay chain in place (so nothing is summed over value blocks
