@@ -11,7 +11,8 @@ with both preparation backwards side by side ("pallas": the Pallas kernel, the d
 "pallas-xbwd": XLA's autodiff of the preparation; --skip xbwd to leave it out) and with
 the other setting of gdn.FUSED_VJP ("pallas-fvjp1" / "pallas-fvjp0"; --skip fvjp) and of
 recurrence.SPLIT_FWD ("pallas-split-always": fwd split without a gradient;
-"pallas-split-never": fwd+bwd with a one-loop forward; --skip split); checks
+"pallas-split-never": fwd+bwd with a one-loop forward; --skip split) and of
+intra.SPLIT_PREP ("pallas-prep3": the preparation as three kernels; --skip prep3); checks
 the bf16 Pallas outputs against the float32 chunk form; records peak memory of fwd+bwd at
 the longest shape. Writes <out>/benchmarks.json and <out>/benchmarks.md.
 """
@@ -288,7 +289,7 @@ def main():
                 "seq_stages": kp_rec.SEQ_STAGES, "seq_programs": kp_rec.SEQ_PROGRAMS,
                 "min_block_v": kp_rec.MIN_BLOCK_V, "split_fwd": kp_rec.SPLIT_FWD,
                 "grads_warps": kp_rec.GRADS_WARPS, "output_warps": kp_rec.OUTPUT_WARPS,
-                "prep_warps": kp_intra.NUM_WARPS}
+                "prep_warps": kp_intra.NUM_WARPS, "split_prep": kp_intra.SPLIT_PREP}
     print(f"# kernel settings {settings}")
     run_meta = {"run": 1, "commit": git_commit(), "settings": settings,
                 "copy_bandwidth_TBps": None,
@@ -414,6 +415,16 @@ def main():
                     attempt(f"{op} pallas-split-{mode} {pss} {b}x{t}", lambda: record(
                         op, f"pallas-split-{mode}", pss, b, t, time_jax(timed, *xs),
                         fwd_bytes if pss == "fwd" else fb_bytes))
+            if impl == "pallas" and "prep3" not in skip:  # the other intra.SPLIT_PREP
+                name = f"pallas-prep{1 if kp_intra.SPLIT_PREP else 3}"
+                f = with_setting(gdn_fn("pallas"), kp_intra, "SPLIT_PREP",
+                                 not kp_intra.SPLIT_PREP)
+                attempt(f"gdn {name} fwd {b}x{t}", lambda: record(
+                    "gdn", name, "fwd", b, t, time_jax(jax.jit(f), q, k, v, g, beta),
+                    fwd_bytes))
+                attempt(f"gdn {name} fwd+bwd {b}x{t}", lambda: record(
+                    "gdn", name, "fwd+bwd", b, t,
+                    time_jax(fwd_bwd(f, 5), q, k, v, g, beta, do), fb_bytes))
             if impl == "pallas" and "xbwd" not in skip:  # XLA's preparation backward
                 attempt(f"gdn pallas-xbwd fwd+bwd {b}x{t}", lambda: record(
                     "gdn", "pallas-xbwd", "fwd+bwd", b, t,

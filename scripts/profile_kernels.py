@@ -37,6 +37,12 @@ def split_gdn():
                            "always" if recurrence.SPLIT_FWD == "never" else "never")
 
 
+def prep_gdn():
+    """The Pallas GDN with the other setting of intra.SPLIT_PREP."""
+    from kernels.pallas import intra
+    return bk.with_setting(bk.gdn_fn("pallas"), intra, "SPLIT_PREP", not intra.SPLIT_PREP)
+
+
 def cases(b, t, what):
     key = jax.random.PRNGKey(b * t)
     q, k, v, g, beta = bk.gdn_inputs(key, b, t)
@@ -51,6 +57,9 @@ def cases(b, t, what):
         # splits it into a state pass + an output pass under a gradient only)
         "gdn-fwd-split": lambda: (jax.jit(split_gdn()), (q, k, v, g, beta)),
         "gdn-fwdbwd-split": lambda: (bk.fwd_bwd(split_gdn(), 5), (q, k, v, g, beta, do)),
+        # the other intra.SPLIT_PREP setting (the preparation as one or three kernels)
+        "gdn-fwd-prep": lambda: (jax.jit(prep_gdn()), (q, k, v, g, beta)),
+        "gdn-fwdbwd-prep": lambda: (bk.fwd_bwd(prep_gdn(), 5), (q, k, v, g, beta, do)),
     }
     for name in what:
         yield name, *table[name]()
@@ -157,7 +166,13 @@ SEQ_KNOBS = {"warps": ("recurrence", "SEQ_WARPS", "KERNELS_PALLAS_SEQ_WARPS"),
              "grads_warps": ("recurrence", "GRADS_WARPS", "KERNELS_PALLAS_GRADS_WARPS"),
              "output_warps": ("recurrence", "OUTPUT_WARPS", "KERNELS_PALLAS_OUTPUT_WARPS"),
              "split": ("recurrence", "SPLIT_FWD", "KERNELS_PALLAS_SPLIT_FWD"),
-             "prep_warps": ("intra", "NUM_WARPS", "KERNELS_PALLAS_PREP_WARPS")}
+             "prep_warps": ("intra", "NUM_WARPS", "KERNELS_PALLAS_PREP_WARPS"),
+             "split_prep": ("intra", "SPLIT_PREP", "KERNELS_PALLAS_SPLIT_PREP")}
+
+
+def env_value(value):
+    """A setting as its environment variable reads it (booleans as 1 / 0)."""
+    return int(value) if isinstance(value, bool) else value
 
 
 def tune_sequential(out):
@@ -172,7 +187,7 @@ def tune_sequential(out):
     mods = {"recurrence": recurrence, "intra": intra}
     knob = lambda key: (mods[SEQ_KNOBS[key][0]], SEQ_KNOBS[key][1])  # noqa: E731
     default = {key: getattr(*knob(key)) for key in SEQ_KNOBS}
-    settings = [default, {**default, "warps": 2}, {**default, "prep_warps": 2},
+    settings = [default, {**default, "split_prep": not default["split_prep"]},
                 {**default, "output_warps": 8}, {**default, "split": "never"}]
     cases_ = (("fwd+bwd B8 T2048", time_gdn_fwdbwd, 8, 2048),
               ("fwd+bwd B2 T8192", time_gdn_fwdbwd, 2, 8192),
@@ -202,7 +217,8 @@ def tune_sequential(out):
     print(f"  best: {best}", flush=True)
     if out:
         (pathlib.Path(out) / "best_seq.env").write_text(
-            "export " + " ".join(f"{env}={best[key]}" for key, (_, _, env) in SEQ_KNOBS.items())
+            "export " + " ".join(f"{env}={env_value(best[key])}"
+                                 for key, (_, _, env) in SEQ_KNOBS.items())
             + "\n")
     return best
 

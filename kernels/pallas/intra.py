@@ -34,6 +34,10 @@ BS = 16  # rows per diagonal block of the UT transform
 # Warps per program; read when traced (KERNELS_PALLAS_PREP_WARPS; profile_kernels --tune).
 # 8 was slower than 4 on the H200 (GDN fwd 0.64 -> 0.81 ms at B8 T2048).
 NUM_WARPS = int(os.environ.get("KERNELS_PALLAS_PREP_WARPS", "4"))
+# The preparation as three lighter kernels (intra_split.py: K K^T and P, the triangular
+# solve, W and Ut) instead of this one; read when traced. Off until timed on a GPU:
+# KERNELS_PALLAS_SPLIT_PREP=1 or assign SPLIT_PREP = True.
+SPLIT_PREP = os.environ.get("KERNELS_PALLAS_SPLIT_PREP", "0") == "1"
 
 
 def _mm(a, b, *, tb=False, precision=None):
@@ -126,6 +130,9 @@ def gdn_intra(q, k, v, big_g, beta, *, chunk, with_inverse=True):
     with_inverse only, the float32 inverse X = (I + A)^-1 per chunk as (B*H, Tp, C): the
     backward's stand-in for the triangular solve, 256 bytes per token and head that a
     forward without gradients need not write."""
+    if SPLIT_PREP:
+        from kernels.pallas.intra_split import gdn_intra_split  # (it imports this module)
+        return gdn_intra_split(q, k, v, big_g, beta, chunk=chunk, with_inverse=with_inverse)
     b, tp, h, kdim = q.shape
     vdim = v.shape[-1]
     n = tp // chunk

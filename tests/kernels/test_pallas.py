@@ -13,6 +13,7 @@ import jax.numpy as jnp
 
 import kernels.pallas as kp
 from kernels.pallas import gdn as kp_gdn
+from kernels.pallas import intra as kp_intra
 from kernels.pallas import recurrence as kp_rec
 
 C = 16
@@ -44,11 +45,12 @@ def with_prep_bwd(params):
     "fused" (gdn.FUSED_VJP: one custom VJP over preparation + recurrence), and with the
     forward as one loop ("never": recurrence.SPLIT_FWD, whose default splits the forward
     into a state pass + an output pass under a gradient) or split without a gradient too
-    ("always"), with the case's marks; the "tpu" program differentiates the XLA
+    ("always"), and with the preparation as three kernels ("prep3": intra.SPLIT_PREP),
+    with the case's marks; the "tpu" program differentiates the XLA
     preparation, so one run."""
     out = []
     for p in params:
-        bwds = ((*kp_gdn.PREP_BWD_CHOICES, "fused", "never", "always")
+        bwds = ((*kp_gdn.PREP_BWD_CHOICES, "fused", "never", "always", "prep3")
                 if p.values[0] == "gpu" else ("xla",))
         for bwd in bwds:
             out.append(pytest.param(*p.values, bwd, marks=p.marks))
@@ -142,7 +144,8 @@ def gdn_inputs(seed, b, t, h, kd, vd, beta_mode="random"):
 @pytest.mark.parametrize("variant,t,beta_mode,prep_bwd", with_prep_bwd(cases(
     [(37, "random")], [(37, "random"), (1, "random"), (32, "edges")])))
 def test_gdn_forward_and_grads_match_float64(variant, t, beta_mode, prep_bwd, monkeypatch):
-    monkeypatch.setattr(kp_gdn, "FUSED_VJP", prep_bwd == "fused")
+    monkeypatch.setattr(kp_gdn, "FUSED_VJP", prep_bwd in ("fused", "prep3"))
+    monkeypatch.setattr(kp_intra, "SPLIT_PREP", prep_bwd == "prep3")
     monkeypatch.setattr(kp_rec, "SPLIT_FWD",
                         prep_bwd if prep_bwd in kp_rec.SPLIT_FWD_CHOICES else "grad")
     monkeypatch.setattr(kp_gdn, "PREP_BWD",

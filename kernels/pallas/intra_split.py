@@ -1,0 +1,124 @@
+"""The gated delta rule's per-chunk preparation as three light Pallas (Triton) kernels
+instead of intra.py's one (switch `intra.SPLIT_PREP`; same outputs, same math).
+
+intra.py's one program per (head, chunk) holds q, k, v tiles and runs the UT transform as
+~40 dependent 16 x 16 products, so few programs fit on an SM and the chain's latency is
+not hidden (on the H200 it runs at ~3.6x its memory floor). Here, per (head, chunk):
+
+    1. _kkt_kernel:   P = (Q K^T) * D,  A = strict_lower(beta_t D_ts (K K^T)_ts),  G_C
+                      (two C x C x K dots; A written in float32)
+    2. _solve_kernel: X = (I + A)^-1 from A's 16 x 16 blocks (intra._unit_lower_inverse
+                      on the diagonal, block forward substitution below it), written in
+                      float32: the small-register part, so many programs share an SM
+    3. _wu_kernel:    W = X diag(beta gamma) K,  Ut = X diag(beta) V  (two C x C x D dots)
+
+D_ts = exp(G_t - G_s) for s <= t (0 above), gamma = exp(G). The price is writing and
+reading A and X (2 x 4 C bytes per token and head each way; X is written anyway under a
+gradient, which the backward reads). Mirrors the kernel split of fla's chunk_gated_delta_rule
+preparation (scaled K K^T, triangular solve, W/U recompute); our own code.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from kernels.pallas import common
+from kernels.pallas.intra import BS, _mm, _sum, _unit_lower_inverse
+
+# Warps per program of the three kernels; read when traced (untuned).
+KKT_WARPS = 4
+SOLVE_WARPS = 1
+WU_WARPS = 4
+
+
+def _decay_mask(g, chunk):
+    """D_ts = exp(G_t - G_s) for s <= t, else 0; g the (C,) in-chunk cumsum."""
+    rows = lax.broadcasted_iota(jnp.int32, (chunk, chunk), 0)
+    cols = lax.broadcasted_iota(jnp.int32, (chunk, chunk), 1)
+    return jnp.exp(jnp.where(rows >= cols, g[:, None] - g[None, :], -jnp.inf)), rows, cols
+
+
+def _kkt_kernel(q_ref, k_ref, g_ref, b_ref, p_ref, a_ref, gcl_ref, *, chunk):
+    prec = common.dot_precision(k_ref.dtype)
+    k = k_ref[...]
+    g = g_ref[...]
+    dmat, rows, cols = _decay_mask(g, chunk)
+    p_ref[...] = (_mm(q_ref[...], k, tb=True, precision=prec) * dmat).astype(p_ref.dtype)
+    kk = _mm(k, k, tb=True, precision=prec)
+    a_ref[...] = jnp.where(rows > cols, b_ref[...][:, None] * dmat * kk, 0.0)
+    gcl_ref[...] = g_ref[pl.ds(chunk - 1, 1)][None, :]
+
+
+def _solve_kernel(a_ref, x_ref, *, chunk):
+    hi = lax.Precision.HIGHEST
+    nb = chunk // BS
+    x = {}
+    for i in range(nb):
+        a_row = [a_ref[pl.ds(i * BS, BS), pl.ds(m * BS, BS)] for m in range(i + 1)]
+        x[i, i] = _unit_lower_inverse(a_row[i])
+        for j in range(i - 1, -1, -1):
+            acc = _sum(_mm(a_row[m], x[m, j], precision=hi) for m in range(j, i))
+            x[i, j] = -_mm(x[i, i], acc, precision=hi)
+    for i in range(nb):
+        for j in range(nb):
+            x_ref[pl.ds(i * BS, BS), pl.ds(j * BS, BS)] = (
+                x[i, j] if j <= i else jnp.zeros((BS, BS), jnp.float32))
+
+
+def _wu_kernel(x_ref, k_ref, v_ref, g_ref, b_ref, w_ref, ut_ref):
+    f32 = jnp.float32
+    dt = k_ref.dtype
+    prec = common.dot_precision(dt)
+    bt = b_ref[...][:, None]
+    xd = x_ref[...].astype(dt)
+    rhs_k = (k_ref[...].astype(f32) * (bt * jnp.exp(g_ref[...][:, None]))).astype(dt)
+    rhs_v = (v_ref[...].astype(f32) * bt).astype(dt)
+    w_ref[...] = _mm(xd, rhs_k, precision=prec).astype(w_ref.dtype)
+    ut_ref[...] = _mm(xd, rhs_v, precision=prec).astype(ut_ref.dtype)
+
+
+def gdn_intra_split(q, k, v, big_g, beta, *, chunk, with_inverse=True):
+    """intra.gdn_intra's contract (same arguments, outputs and layouts), in three calls."""
+    b, tp, h, kdim = q.shape
+    vdim = v.shape[-1]
+    n = tp // chunk
+    dt = q.dtype
+    f32 = jnp.float32
+    grid = (b, h, n)
+    tok = lambda d: pl.BlockSpec((None, chunk, None, d),  # noqa: E731
+                                 lambda bi, hi, ni: (bi, ni, hi, 0))
+    per_tok = pl.BlockSpec((None, chunk, None), lambda bi, hi, ni: (bi, ni, hi))
+    rows = lambda d: pl.BlockSpec((None, chunk, d),  # noqa: E731
+                                  lambda bi, hi, ni: (bi * h + hi, ni, 0))
+    one = pl.BlockSpec((None, None, 1, 1), lambda bi, hi, ni: (bi * h + hi, ni, 0, 0))
+    params = lambda warps: common.compiler_params("gpu", num_warps=warps,  # noqa: E731
+                                                  num_stages=1)
+    p, a, gcl = pl.pallas_call(
+        functools.partial(_kkt_kernel, chunk=chunk), grid=grid,
+        in_specs=[tok(kdim), tok(kdim), per_tok, per_tok],
+        out_specs=[rows(chunk), rows(chunk), one],
+        out_shape=[jax.ShapeDtypeStruct((b * h, tp, chunk), dt),
+                   jax.ShapeDtypeStruct((b * h, tp, chunk), f32),
+                   jax.ShapeDtypeStruct((b * h, n, 1, 1), f32)],
+        interpret=common.interpret(), compiler_params=params(KKT_WARPS),
+        name="gdn_chunk_prep_kkt")(q, k, big_g, beta)
+    x = pl.pallas_call(
+        functools.partial(_solve_kernel, chunk=chunk), grid=grid,
+        in_specs=[rows(chunk)], out_specs=rows(chunk),
+        out_shape=jax.ShapeDtypeStruct((b * h, tp, chunk), f32),
+        interpret=common.interpret(), compiler_params=params(SOLVE_WARPS),
+        name="gdn_chunk_prep_solve")(a)
+    w, ut = pl.pallas_call(
+        _wu_kernel, grid=grid,
+        in_specs=[rows(chunk), tok(kdim), tok(vdim), per_tok, per_tok],
+        out_specs=[rows(kdim), rows(vdim)],
+        out_shape=[jax.ShapeDtypeStruct((b * h, tp, kdim), dt),
+                   jax.ShapeDtypeStruct((b * h, tp, vdim), dt)],
+        interpret=common.interpret(), compiler_params=params(WU_WARPS),
+        name="gdn_chunk_prep_wu")(x, k, v, big_g, beta)
+    outs = [w, ut, p, gcl]
+    return outs + [x] if with_inverse else outs

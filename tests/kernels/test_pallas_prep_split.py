@@ -1,0 +1,83 @@
+"""intra.SPLIT_PREP: the GDN preparation as three kernels (intra_split.py) computes what
+the one-kernel preparation (intra.py) does, and its inverse X is (I + A)^-1 against a
+float64 NumPy reference. Interpret mode on CPU (the kernels are GPU programs)."""
+import numpy as np
+import pytest
+
+import jax
+import jax.numpy as jnp
+
+from kernels.pallas import intra
+from kernels.pallas.intra_split import gdn_intra_split
+from tests.kernels.jaxprs import equations
+
+C = 16
+B, TP, H, K, V = 2, 48, 2, 32, 16
+
+
+def prep_inputs(seed, dtype, edges=False):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((B, TP, H, K))
+    k = rng.standard_normal((B, TP, H, K))
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    v = rng.standard_normal((B, TP, H, V))
+    g = np.log(rng.uniform(0.7, 1.0, (B, TP, H)))
+    beta = rng.uniform(0.0, 1.0, (B, TP, H))
+    if edges:       # no decay and beta exactly 0 / 1 in places
+        g[:, ::3] = 0.0
+        beta[:, ::2] = 1.0
+        beta[:, 1::4] = 0.0
+    big_g = np.cumsum(g.reshape(B, TP // C, C, H), axis=2).reshape(B, TP, H)
+    return (*(jnp.asarray(x, dtype) for x in (q, k, v)),
+            jnp.asarray(big_g, jnp.float32), jnp.asarray(beta, jnp.float32))
+
+
+def rel(a, b):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
+
+
+@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-6), (jnp.bfloat16, 1e-2)])
+@pytest.mark.parametrize("edges", [False, True])
+def test_split_preparation_equals_the_one_kernel(dtype, tol, edges):
+    args = prep_inputs(3, dtype, edges)
+    one = intra.gdn_intra(*args, chunk=C, with_inverse=True)
+    three = gdn_intra_split(*args, chunk=C, with_inverse=True)
+    names = ["w", "ut", "p", "gcl", "inverse"]
+    assert len(one) == len(three) == 5
+    for name, a, b in zip(names, three, one):
+        assert a.shape == b.shape and a.dtype == b.dtype, name
+        assert rel(a, b) <= tol, (name, rel(a, b))
+    lean = gdn_intra_split(*args, chunk=C, with_inverse=False)
+    assert len(lean) == 4
+    for a, b in zip(lean, three):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+
+
+def test_split_inverse_is_the_float64_inverse():
+    q, k, v, big_g, beta = prep_inputs(4, jnp.float32)
+    x = np.asarray(gdn_intra_split(q, k, v, big_g, beta, chunk=C)[-1], np.float64)
+    x = x.reshape(B, H, TP // C, C, C)
+    kk = np.moveaxis(np.asarray(k, np.float64), 2, 1).reshape(B, H, TP // C, C, K)
+    gg = np.moveaxis(np.asarray(big_g, np.float64), 2, 1).reshape(B, H, TP // C, C)
+    bb = np.moveaxis(np.asarray(beta, np.float64), 2, 1).reshape(B, H, TP // C, C)
+    a = np.tril(bb[..., :, None] * np.exp(gg[..., :, None] - gg[..., None, :])
+                * (kk @ np.swapaxes(kk, -1, -2)), -1)
+    want = np.linalg.inv(np.eye(C) + a)
+    np.testing.assert_allclose(x, want, atol=1e-5)
+
+
+def prep_kernel_names(*args):
+    """The Pallas calls of gdn_intra, traced afresh (a new function: no trace cache)."""
+    def prep(*a):
+        return intra.gdn_intra(*a, chunk=C, with_inverse=False)
+    eqns = equations(jax.make_jaxpr(prep)(*args).jaxpr)
+    return sorted(str(e.params.get("name")) for e in eqns if e.primitive.name == "pallas_call")
+
+
+def test_switch_routes_gdn_intra(monkeypatch):
+    args = prep_inputs(5, jnp.float32)
+    assert prep_kernel_names(*args) == ["gdn_chunk_prep"]
+    monkeypatch.setattr(intra, "SPLIT_PREP", True)
+    assert prep_kernel_names(*args) == ["gdn_chunk_prep_kkt", "gdn_chunk_prep_solve",
+                                        "gdn_chunk_prep_wu"]
