@@ -12,7 +12,9 @@ with both preparation backwards side by side ("pallas": the Pallas kernel, the d
 the other setting of gdn.FUSED_VJP ("pallas-fvjp1" / "pallas-fvjp0"; --skip fvjp) and of
 recurrence.SPLIT_FWD ("pallas-split-always": fwd split without a gradient;
 "pallas-split-never": fwd+bwd with a one-loop forward; --skip split) and of
-intra.SPLIT_PREP ("pallas-prep3": the preparation as three kernels; --skip prep3); checks
+intra.SPLIT_PREP ("pallas-prep3": the preparation as three kernels; --skip prep3) and
+with the state pass as a two-level scan ("pallas-seg8": recurrence.SEQ_SEGMENTS = 8;
+--segments); checks
 the bf16 Pallas outputs against the float32 chunk form; records peak memory of fwd+bwd at
 the longest shape. Writes <out>/benchmarks.json and <out>/benchmarks.md.
 """
@@ -244,6 +246,9 @@ def main():
                     help="time the pure-JAX chunk forms only at these shapes (default: all)")
     ap.add_argument("--xlaprep", action="store_true",
                     help="also time GDN with the XLA chunk preparation, and a breakdown")
+    ap.add_argument("--segments", default="8",
+                    help="comma list of recurrence.SEQ_SEGMENTS values (> 1) to time beside "
+                         "the default ('' for none)")
     ap.add_argument("--budget-s", type=float, default=1e9,
                     help="skip the remaining timings after this many seconds (files are "
                          "still written)")
@@ -262,6 +267,7 @@ def main():
         return
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     skip = set(filter(None, args.skip.split(",")))
+    args.segments = [int(x) for x in args.segments.split(",") if x]
     chunk_shapes = ({tuple(int(x) for x in s.split("x")) for s in args.chunk_shapes.split(",")}
                     if args.chunk_shapes else set(shapes))
     start = time.perf_counter()
@@ -289,7 +295,8 @@ def main():
                 "seq_stages": kp_rec.SEQ_STAGES, "seq_programs": kp_rec.SEQ_PROGRAMS,
                 "min_block_v": kp_rec.MIN_BLOCK_V, "split_fwd": kp_rec.SPLIT_FWD,
                 "grads_warps": kp_rec.GRADS_WARPS, "output_warps": kp_rec.OUTPUT_WARPS,
-                "prep_warps": kp_intra.NUM_WARPS, "split_prep": kp_intra.SPLIT_PREP}
+                "prep_warps": kp_intra.NUM_WARPS, "split_prep": kp_intra.SPLIT_PREP,
+                "seq_segments": kp_rec.SEQ_SEGMENTS}
     print(f"# kernel settings {settings}")
     run_meta = {"run": 1, "commit": git_commit(), "settings": settings,
                 "copy_bandwidth_TBps": None,
@@ -414,6 +421,17 @@ def main():
                     timed = jax.jit(f) if ndiff is None else fwd_bwd(f, ndiff)
                     attempt(f"{op} pallas-split-{mode} {pss} {b}x{t}", lambda: record(
                         op, f"pallas-split-{mode}", pss, b, t, time_jax(timed, *xs),
+                        fwd_bytes if pss == "fwd" else fb_bytes))
+            for segs in (args.segments if impl == "pallas" else []):  # two-level scan
+                name = f"pallas-seg{segs}"
+                for op, fn, xs, ndiff in (("gdn", gdn_fn, (q, k, v, g, beta), None),
+                                          ("gdn", gdn_fn, (q, k, v, g, beta, do), 5),
+                                          ("linear", la_fn, (qa, ka, va), None)):
+                    f = with_setting(fn("pallas"), kp_rec, "SEQ_SEGMENTS", segs)
+                    timed = jax.jit(f) if ndiff is None else fwd_bwd(f, ndiff)
+                    pss = "fwd" if ndiff is None else "fwd+bwd"
+                    attempt(f"{op} {name} {pss} {b}x{t}", lambda: record(
+                        op, name, pss, b, t, time_jax(timed, *xs),
                         fwd_bytes if pss == "fwd" else fb_bytes))
             if impl == "pallas" and "prep3" not in skip:  # the other intra.SPLIT_PREP
                 name = f"pallas-prep{1 if kp_intra.SPLIT_PREP else 3}"

@@ -340,7 +340,9 @@ def _split_forward(cfg: Config, save: bool) -> bool:
     if SPLIT_FWD not in SPLIT_FWD_CHOICES:
         raise ValueError(f"kernels.pallas.recurrence.SPLIT_FWD (env KERNELS_PALLAS_SPLIT_FWD)"
                          f" is {SPLIT_FWD!r}; valid: {SPLIT_FWD_CHOICES}")
-    return cfg.variant == "gpu" and (SPLIT_FWD == "always" or (SPLIT_FWD == "grad" and save))
+    # the two-level scan (SEQ_SEGMENTS) is a form of the split forward's state pass
+    return cfg.variant == "gpu" and (SPLIT_FWD == "always" or (SPLIT_FWD == "grad" and save)
+                                     or SEQ_SEGMENTS > 1)
 
 
 def _state_kernel_gpu(*refs, has_w, has_g, chunk, num_chunks):
@@ -388,9 +390,104 @@ def _output_kernel_gpu(*refs, has_g, block_cols):
         o_ref[:, cols] = o.astype(o_ref.dtype)
 
 
+# Two-level scan of the split forward's state pass (GPU), SEQ_SEGMENTS = G > 1: the
+# chunks are cut into G contiguous segments (G the largest divisor of the chunk count
+# that is <= SEQ_SEGMENTS). Pass 1 runs every segment from a zero state on the value
+# columns and from the identity on K extra columns, in parallel, giving each segment's
+# affine map S_end = A_g S_start + E_g (A_g: K x K, the product of the chunk transitions
+# e^G_C I - Kd^T W); a G-step scan in XLA chains them into each segment's start state;
+# then the state pass runs all segments in parallel from those. Twice the loop work of
+# one pass in all, but G times the programs, for the case where the one loop is bound by
+# its length (B1 H16 T32768: 512 chunks, 128 programs on 132 SMs). Read when traced
+# (KERNELS_PALLAS_SEQ_SEGMENTS); 1 (off) until timed on a GPU.
+SEQ_SEGMENTS = int(os.environ.get("KERNELS_PALLAS_SEQ_SEGMENTS", "1"))
+
+
+def _segments(num_chunks: int) -> int:
+    """The segment count used: the largest divisor of num_chunks <= SEQ_SEGMENTS."""
+    return max(d for d in range(1, max(1, min(SEQ_SEGMENTS, num_chunks)) + 1)
+               if num_chunks % d == 0)
+
+
+def _segment_maps_kernel(*refs, has_w, has_g, chunk, num_chunks, value_blocks, block_v):
+    """Pass 1 of the two-level scan, one (head, segment, column block): value blocks
+    start from 0 with Ut, identity blocks (j >= value_blocks) from columns of I with no
+    Ut; both run S' = e^G_C S + Kd^T (Ut - W S) over the segment's chunks and write S."""
+    refs = list(refs)
+    w_ref = refs.pop(0) if has_w else None
+    ut_ref, k_ref, gcl_ref = refs[:3]
+    refs = refs[3:]
+    g_ref = refs.pop(0) if has_g else None
+    (end_ref,) = refs
+    dt = ut_ref.dtype
+    prec = common.dot_precision(dt)
+    kdim = k_ref.shape[-1]
+    j = pl.program_id(3)
+    is_value = j < value_blocks
+    rows = lax.broadcasted_iota(jnp.int32, (kdim, block_v), 0)
+    cols = lax.broadcasted_iota(jnp.int32, (kdim, block_v), 1) + (j - value_blocks) * block_v
+    s0 = jnp.where(jnp.logical_and(jnp.logical_not(is_value), rows == cols), 1.0, 0.0)
+    keep = jnp.where(is_value, 1.0, 0.0)
+
+    def body(n, s):
+        rs = pl.ds(n * chunk, chunk)
+        gcl = gcl_ref[n]
+        gam = g_ref[rs][:, None] if has_g else None
+        kd = _k_decayed(k_ref[rs, :], gam, gcl)
+        ut = (ut_ref[rs, :].astype(jnp.float32) * keep).astype(dt)
+        uc = _chunk_values(ut, w_ref[rs, :] if has_w else None, s.astype(dt), prec)
+        return jnp.exp(gcl) * s + _mm(kd, uc, ta=True, precision=prec)
+
+    end_ref[...] = lax.fori_loop(0, num_chunks, body, s0.astype(jnp.float32))
+
+
+def _segment_starts(w, ut, k, gcl, gam, s0, cfg: Config, segs: int):
+    """Each segment's start state (BH, G, K, V) float32, by pass 1 and a G-step scan."""
+    b, tp, nh, kdim = k.shape
+    bh = b * nh
+    vdim = ut.shape[-1]
+    c = cfg.chunk
+    seg_t = tp // segs                      # tokens per segment
+    bv = cfg.block_v
+    nvb = vdim // bv
+    nib = kdim // bv if kdim % bv == 0 else None
+    if nib is None:
+        raise NotImplementedError(f"SEQ_SEGMENTS needs K ({kdim}) a multiple of the value "
+                                  f"block ({bv})")
+    has_w, has_g = w is not None, gam is not None
+    row = lambda bi, hi: bi * nh + hi  # noqa: E731
+    vb = lambda j: jnp.minimum(j, nvb - 1)  # noqa: E731  (identity blocks read a dummy Ut)
+    in_specs = ([pl.BlockSpec((None, seg_t, kdim), lambda bi, hi, g, j: (row(bi, hi), g, 0))]
+                if has_w else []) + [
+        pl.BlockSpec((None, seg_t, bv), lambda bi, hi, g, j: (row(bi, hi), g, vb(j))),
+        pl.BlockSpec((None, seg_t, None, kdim), lambda bi, hi, g, j: (bi, g, hi, 0)),
+        pl.BlockSpec((None, seg_t // c, 1, 1), lambda bi, hi, g, j: (row(bi, hi), g, 0, 0))]
+    if has_g:
+        in_specs.append(pl.BlockSpec((None, seg_t, None), lambda bi, hi, g, j: (bi, g, hi)))
+    args = ([w] if has_w else []) + [ut, k, gcl] + ([gam] if has_g else [])
+    ends = pl.pallas_call(
+        functools.partial(_segment_maps_kernel, has_w=has_w, has_g=has_g, chunk=c,
+                          num_chunks=seg_t // c, value_blocks=nvb, block_v=bv),
+        grid=(b, nh, segs, nvb + nib), in_specs=in_specs,
+        out_specs=pl.BlockSpec((None, None, kdim, bv),
+                               lambda bi, hi, g, j: (row(bi, hi), g, 0, j)),
+        out_shape=jax.ShapeDtypeStruct((bh, segs, kdim, vdim + kdim), jnp.float32),
+        interpret=common.interpret(), compiler_params=_sequential_params(kdim, bv),
+        name="linear_chunk_fwd_segment_maps")(*args)
+    e_g, a_g = ends[..., :vdim], ends[..., vdim:]
+
+    def step(state, x):
+        a, e = x
+        return jnp.einsum("bij,bjv->biv", a, state,
+                          precision=lax.Precision.HIGHEST) + e, state
+    _, starts = lax.scan(step, s0, (jnp.moveaxis(a_g, 1, 0), jnp.moveaxis(e_g, 1, 0)))
+    return jnp.moveaxis(starts, 0, 1)
+
+
 def _forward_split_gpu(w, ut, q, k, p, gcl, gam, s0, cfg: Config, save: bool):
-    """The GPU forward as a state pass and an output pass (SPLIT_FWD); same returns as
-    _forward, with save also U = Ut - W S (None for linear attention, where U = Ut)."""
+    """The GPU forward as a state pass and an output pass (SPLIT_FWD), the state pass
+    over SEQ_SEGMENTS segments in parallel when that is > 1; same returns as _forward,
+    with save also U = Ut - W S (None for linear attention, where U = Ut)."""
     b, tp, nh, kdim = q.shape
     bh = b * nh
     vdim = ut.shape[-1]
@@ -399,32 +496,39 @@ def _forward_split_gpu(w, ut, q, k, p, gcl, gam, s0, cfg: Config, save: bool):
     dt = ut.dtype
     has_w, has_g = w is not None, gam is not None
     bv = cfg.block_v
+    segs = _segments(n)
+    seg_t, seg_n = tp // segs, n // segs
     row = lambda bi, hi: bi * nh + hi  # noqa: E731
+    if segs > 1:
+        starts = _segment_starts(w, ut, k, gcl, gam, s0, cfg, segs)
+    else:
+        starts = s0[:, None]
 
-    # pass 1: states and U, sequential; grid (B, H, value blocks)
-    vspec = pl.BlockSpec((None, tp, bv), lambda bi, hi, j: (row(bi, hi), 0, j))
-    sspec = pl.BlockSpec((None, kdim, bv), lambda bi, hi, j: (row(bi, hi), 0, j))
-    in_specs = ([pl.BlockSpec((None, tp, kdim), lambda bi, hi, j: (row(bi, hi), 0, 0))]
+    # pass 1: states and U, sequential within a segment; grid (B, H, segments, value blocks)
+    vspec = pl.BlockSpec((None, seg_t, bv), lambda bi, hi, g, j: (row(bi, hi), g, j))
+    sspec = pl.BlockSpec((None, None, kdim, bv), lambda bi, hi, g, j: (row(bi, hi), g, 0, j))
+    in_specs = ([pl.BlockSpec((None, seg_t, kdim), lambda bi, hi, g, j: (row(bi, hi), g, 0))]
                 if has_w else []) + [
-        vspec, pl.BlockSpec((None, tp, None, kdim), lambda bi, hi, j: (bi, 0, hi, 0)),
-        pl.BlockSpec((None, n, 1, 1), lambda bi, hi, j: (row(bi, hi), 0, 0, 0))]
+        vspec, pl.BlockSpec((None, seg_t, None, kdim), lambda bi, hi, g, j: (bi, g, hi, 0)),
+        pl.BlockSpec((None, seg_n, 1, 1), lambda bi, hi, g, j: (row(bi, hi), g, 0, 0))]
     if has_g:
-        in_specs.append(pl.BlockSpec((None, tp, None), lambda bi, hi, j: (bi, 0, hi)))
-    out_specs = [sspec, pl.BlockSpec((None, n, kdim, bv),
-                                     lambda bi, hi, j: (row(bi, hi), 0, 0, j))]
-    out_shape = [jax.ShapeDtypeStruct((bh, kdim, vdim), jnp.float32),
+        in_specs.append(pl.BlockSpec((None, seg_t, None), lambda bi, hi, g, j: (bi, g, hi)))
+    out_specs = [sspec, pl.BlockSpec((None, seg_n, kdim, bv),
+                                     lambda bi, hi, g, j: (row(bi, hi), g, 0, j))]
+    out_shape = [jax.ShapeDtypeStruct((bh, segs, kdim, vdim), jnp.float32),
                  jax.ShapeDtypeStruct((bh, n, kdim, vdim), dt)]
     if has_w:
         out_specs.append(vspec)
         out_shape.append(jax.ShapeDtypeStruct((bh, tp, vdim), dt))
-    args = ([w] if has_w else []) + [ut, k, gcl] + ([gam] if has_g else []) + [s0]
-    st, h, *rest = pl.pallas_call(
+    args = ([w] if has_w else []) + [ut, k, gcl] + ([gam] if has_g else []) + [starts]
+    ends, h, *rest = pl.pallas_call(
         functools.partial(_state_kernel_gpu, has_w=has_w, has_g=has_g, chunk=c,
-                          num_chunks=n),
-        grid=(b, nh, vdim // bv), in_specs=in_specs + [sspec], out_specs=out_specs,
+                          num_chunks=seg_n),
+        grid=(b, nh, segs, vdim // bv), in_specs=in_specs + [sspec], out_specs=out_specs,
         out_shape=out_shape, interpret=common.interpret(),
         compiler_params=_sequential_params(kdim, bv),
         name="linear_chunk_fwd_states")(*args)
+    st = ends[:, -1]
     u = rest[0] if has_w else ut
 
     # pass 2: outputs, parallel over chunks; grid (B, H, chunks)

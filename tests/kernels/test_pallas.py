@@ -45,12 +45,13 @@ def with_prep_bwd(params):
     "fused" (gdn.FUSED_VJP: one custom VJP over preparation + recurrence), and with the
     forward as one loop ("never": recurrence.SPLIT_FWD, whose default splits the forward
     into a state pass + an output pass under a gradient) or split without a gradient too
-    ("always"), and with the preparation as three kernels ("prep3": intra.SPLIT_PREP),
-    with the case's marks; the "tpu" program differentiates the XLA
+    ("always"), with the preparation as three kernels ("prep3": intra.SPLIT_PREP), and
+    with the state pass as a two-level scan over 3 segments ("seg3":
+    recurrence.SEQ_SEGMENTS), with the case's marks; the "tpu" program differentiates the XLA
     preparation, so one run."""
     out = []
     for p in params:
-        bwds = ((*kp_gdn.PREP_BWD_CHOICES, "fused", "never", "always", "prep3")
+        bwds = ((*kp_gdn.PREP_BWD_CHOICES, "fused", "never", "always", "prep3", "seg3")
                 if p.values[0] == "gpu" else ("xla",))
         for bwd in bwds:
             out.append(pytest.param(*p.values, bwd, marks=p.marks))
@@ -144,8 +145,9 @@ def gdn_inputs(seed, b, t, h, kd, vd, beta_mode="random"):
 @pytest.mark.parametrize("variant,t,beta_mode,prep_bwd", with_prep_bwd(cases(
     [(37, "random")], [(37, "random"), (1, "random"), (32, "edges")])))
 def test_gdn_forward_and_grads_match_float64(variant, t, beta_mode, prep_bwd, monkeypatch):
-    monkeypatch.setattr(kp_gdn, "FUSED_VJP", prep_bwd in ("fused", "prep3"))
+    monkeypatch.setattr(kp_gdn, "FUSED_VJP", prep_bwd in ("fused", "prep3", "seg3"))
     monkeypatch.setattr(kp_intra, "SPLIT_PREP", prep_bwd == "prep3")
+    monkeypatch.setattr(kp_rec, "SEQ_SEGMENTS", 3 if prep_bwd == "seg3" else 1)
     monkeypatch.setattr(kp_rec, "SPLIT_FWD",
                         prep_bwd if prep_bwd in kp_rec.SPLIT_FWD_CHOICES else "grad")
     monkeypatch.setattr(kp_gdn, "PREP_BWD",
@@ -175,6 +177,13 @@ def test_gdn_forward_and_grads_match_float64(variant, t, beta_mode, prep_bwd, mo
         ref = [np.asarray(r) for r in ref]
     for name, a, r in zip(["dq", "dk", "dv", "dlog_alpha", "dbeta", "ds0"], got, ref):
         assert rel(a, r) <= 1e-5, (name, rel(a, r))
+
+
+def test_segment_count_is_the_largest_divisor_within_the_setting(monkeypatch):
+    monkeypatch.setattr(kp_rec, "SEQ_SEGMENTS", 8)
+    assert [kp_rec._segments(n) for n in (1, 3, 7, 12, 32, 512)] == [1, 3, 7, 6, 8, 8]
+    monkeypatch.setattr(kp_rec, "SEQ_SEGMENTS", 1)
+    assert kp_rec._segments(512) == 1
 
 
 def test_gdn_beta_one_orthonormal_keys_store_values_exactly():
@@ -216,10 +225,12 @@ def linear_inputs(seed, t, decay, normalize, b=2, h=2, f=16, dv=32):
 
 def with_split(params):
     """Each "gpu" case with each recurrence.SPLIT_FWD (the forward as one loop or as a
-    state pass + an output pass: never, under a gradient, always)."""
+    state pass + an output pass: never, under a gradient, always) and with the state pass
+    as a two-level scan over 3 segments ("seg3": recurrence.SEQ_SEGMENTS)."""
     out = []
     for p in params:
-        for split in (kp_rec.SPLIT_FWD_CHOICES if p.values[0] == "gpu" else ("grad",)):
+        for split in ((*kp_rec.SPLIT_FWD_CHOICES, "seg3") if p.values[0] == "gpu"
+                      else ("grad",)):
             out.append(pytest.param(*p.values, split, marks=p.marks))
     return out
 
@@ -230,7 +241,8 @@ def with_split(params):
      (True, "heads", 16)])))
 def test_linear_forward_and_grads_match_float64(variant, normalize, decay, t, split,
                                                 monkeypatch):
-    monkeypatch.setattr(kp_rec, "SPLIT_FWD", split)
+    monkeypatch.setattr(kp_rec, "SPLIT_FWD", "grad" if split == "seg3" else split)
+    monkeypatch.setattr(kp_rec, "SEQ_SEGMENTS", 3 if split == "seg3" else 1)
     eps = 1e-6
     q, k, v, ld, g, s0, z0 = linear_inputs(t, t, decay, normalize)
     init = (s0, z0) if normalize else s0
