@@ -296,7 +296,7 @@ def main():
                 "min_block_v": kp_rec.MIN_BLOCK_V, "split_fwd": kp_rec.SPLIT_FWD,
                 "grads_warps": kp_rec.GRADS_WARPS, "output_warps": kp_rec.OUTPUT_WARPS,
                 "prep_warps": kp_intra.NUM_WARPS, "split_prep": kp_intra.SPLIT_PREP,
-                "seq_segments": kp_rec.SEQ_SEGMENTS}
+                "seq_segments": kp_rec.SEQ_SEGMENTS, "seg_stages": kp_rec.SEG_STAGES}
     print(f"# kernel settings {settings}")
     run_meta = {"run": 1, "commit": git_commit(), "settings": settings,
                 "copy_bandwidth_TBps": None,

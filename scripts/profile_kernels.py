@@ -168,7 +168,8 @@ SEQ_KNOBS = {"warps": ("recurrence", "SEQ_WARPS", "KERNELS_PALLAS_SEQ_WARPS"),
              "split": ("recurrence", "SPLIT_FWD", "KERNELS_PALLAS_SPLIT_FWD"),
              "prep_warps": ("intra", "NUM_WARPS", "KERNELS_PALLAS_PREP_WARPS"),
              "split_prep": ("intra", "SPLIT_PREP", "KERNELS_PALLAS_SPLIT_PREP"),
-             "segments": ("recurrence", "SEQ_SEGMENTS", "KERNELS_PALLAS_SEQ_SEGMENTS")}
+             "segments": ("recurrence", "SEQ_SEGMENTS", "KERNELS_PALLAS_SEQ_SEGMENTS"),
+             "seg_stages": ("recurrence", "SEG_STAGES", "KERNELS_PALLAS_SEG_STAGES")}
 
 
 def env_value(value):
@@ -190,6 +191,7 @@ def tune_sequential(out):
     default = {key: getattr(*knob(key)) for key in SEQ_KNOBS}
     settings = [default, {**default, "split_prep": not default["split_prep"]},
                 {**default, "segments": 8 if default["segments"] == 1 else 1},
+                {**default, "segments": 8 if default["segments"] == 1 else 1, "seg_stages": 2},
                 {**default, "output_warps": 8}, {**default, "split": "never"}]
     cases_ = (("fwd+bwd B8 T2048", time_gdn_fwdbwd, 8, 2048),
               ("fwd+bwd B2 T8192", time_gdn_fwdbwd, 2, 8192),

@@ -72,9 +72,10 @@ GRADS_WARPS = int(os.environ.get("KERNELS_PALLAS_GRADS_WARPS", "8"))
 GRADS_STAGES = 1
 
 
-def _sequential_params(kdim, bv):
+def _sequential_params(kdim, bv, stages=None):
     warps = SEQ_WARPS or (4 if kdim * bv <= 8192 else 8)
-    return common.compiler_params("gpu", num_warps=warps, num_stages=SEQ_STAGES)
+    return common.compiler_params("gpu", num_warps=warps,
+                                  num_stages=SEQ_STAGES if stages is None else stages)
 
 
 class Config(NamedTuple):
@@ -401,6 +402,10 @@ def _output_kernel_gpu(*refs, has_g, block_cols):
 # its length (B1 H16 T32768: 512 chunks, 128 programs on 132 SMs). Read when traced
 # (KERNELS_PALLAS_SEQ_SEGMENTS); 1 (off) until timed on a GPU.
 SEQ_SEGMENTS = int(os.environ.get("KERNELS_PALLAS_SEQ_SEGMENTS", "1"))
+# Pipeline stages of the segmented loops: fewer than the one loop's, since their latency
+# is meant to be hidden by other programs on the SM, and each stage's buffers (~34 KB of
+# W, K and Ut rows at K128) limit how many programs fit (KERNELS_PALLAS_SEG_STAGES).
+SEG_STAGES = int(os.environ.get("KERNELS_PALLAS_SEG_STAGES", "1"))
 
 
 def _segments(num_chunks: int) -> int:
@@ -472,7 +477,7 @@ def _segment_starts(w, ut, k, gcl, gam, s0, cfg: Config, segs: int):
         out_specs=pl.BlockSpec((None, None, kdim, bv),
                                lambda bi, hi, g, j: (row(bi, hi), g, 0, j)),
         out_shape=jax.ShapeDtypeStruct((bh, segs, kdim, vdim + kdim), jnp.float32),
-        interpret=common.interpret(), compiler_params=_sequential_params(kdim, bv),
+        interpret=common.interpret(), compiler_params=_sequential_params(kdim, bv, SEG_STAGES),
         name="linear_chunk_fwd_segment_maps")(*args)
     e_g, a_g = ends[..., :vdim], ends[..., vdim:]
 
@@ -526,7 +531,7 @@ def _forward_split_gpu(w, ut, q, k, p, gcl, gam, s0, cfg: Config, save: bool):
                           num_chunks=seg_n),
         grid=(b, nh, segs, vdim // bv), in_specs=in_specs + [sspec], out_specs=out_specs,
         out_shape=out_shape, interpret=common.interpret(),
-        compiler_params=_sequential_params(kdim, bv),
+        compiler_params=_sequential_params(kdim, bv, SEG_STAGES if segs > 1 else None),
         name="linear_chunk_fwd_states")(*args)
     st = ends[:, -1]
     u = rest[0] if has_w else ut
