@@ -23,7 +23,8 @@ stored; dS = dL/dS' is carried from the last chunk to the first):
     dG = <dQg, Qg> - <dKd, Kd>,  dG_C += sum_t <dKd, Kd>.
 
 GPU forward under a gradient (SPLIT_FWD): a state pass (h, U, S' only) + a chunk-parallel
-output pass; the backward then reads the saved U instead of recomputing it.
+output pass; the backward then reads the saved U instead of recomputing it. With
+SEQ_SEGMENTS > 1 the state pass and the dS pass are two-level scans over segments.
 
 GPU backward: two calls. A sequential pass per (head, value block) carries dS and writes dU and
 each chunk's dS' (only the first line needs the recurrence); then a pass parallel over
@@ -346,6 +347,26 @@ def _split_forward(cfg: Config, save: bool) -> bool:
                                      or SEQ_SEGMENTS > 1)
 
 
+def _state_step(s, ut, w, k, gam, gcl, prec):
+    """One chunk of the state pass: (S in the input dtype, U = Ut - W S,
+    S' = e^G_C S + Kd^T U); s float32 (K, BV)."""
+    sc = s.astype(ut.dtype)
+    uc = _chunk_values(ut, w, sc, prec)
+    return sc, uc, jnp.exp(gcl) * s + _mm(_k_decayed(k, gam, gcl), uc, ta=True, precision=prec)
+
+
+def _identity_columns(kdim, block_v, j, value_blocks):
+    """(initial state, 0/1 weight of the chunk inputs) of column block j in a segment-map
+    pass: value blocks (j < value_blocks) start from 0 with their inputs, the K identity
+    columns after them from I's columns with none (their end state is the segment's
+    transition A_g)."""
+    is_value = j < value_blocks
+    rows = lax.broadcasted_iota(jnp.int32, (kdim, block_v), 0)
+    cols = lax.broadcasted_iota(jnp.int32, (kdim, block_v), 1) + (j - value_blocks) * block_v
+    s0 = jnp.where(jnp.logical_and(jnp.logical_not(is_value), rows == cols), 1.0, 0.0)
+    return s0.astype(jnp.float32), jnp.where(is_value, 1.0, 0.0)
+
+
 def _state_kernel_gpu(*refs, has_w, has_g, chunk, num_chunks):
     """Split forward, pass 1 (sequential): h[n] = S, U = Ut - W S, S' = e^G_C S + Kd^T U."""
     refs = list(refs)
@@ -360,15 +381,13 @@ def _state_kernel_gpu(*refs, has_w, has_g, chunk, num_chunks):
 
     def body(n, s):
         rows = pl.ds(n * chunk, chunk)
-        sc = s.astype(dt)
-        h_ref[n] = sc
-        gcl = gcl_ref[n]
         gam = g_ref[rows][:, None] if has_g else None
-        kd = _k_decayed(k_ref[rows, :], gam, gcl)
-        uc = _chunk_values(ut_ref[rows, :], w_ref[rows, :] if has_w else None, sc, prec)
+        sc, uc, s = _state_step(s, ut_ref[rows, :], w_ref[rows, :] if has_w else None,
+                                k_ref[rows, :], gam, gcl_ref[n], prec)
+        h_ref[n] = sc
         if has_w:
             u_ref[rows, :] = uc
-        return jnp.exp(gcl) * s + _mm(kd, uc, ta=True, precision=prec)
+        return s
 
     st_ref[...] = lax.fori_loop(0, num_chunks, body, s0_ref[...])
 
@@ -391,7 +410,8 @@ def _output_kernel_gpu(*refs, has_g, block_cols):
         o_ref[:, cols] = o.astype(o_ref.dtype)
 
 
-# Two-level scan of the split forward's state pass (GPU), SEQ_SEGMENTS = G > 1: the
+# Two-level scan of the split forward's state pass (GPU) and, the same way, of the
+# backward's dS pass (_dstate_segment_ends), SEQ_SEGMENTS = G > 1: the
 # chunks are cut into G contiguous segments (G the largest divisor of the chunk count
 # that is <= SEQ_SEGMENTS). Pass 1 runs every segment from a zero state on the value
 # columns and from the identity on K extra columns, in parallel, giving each segment's
@@ -426,24 +446,16 @@ def _segment_maps_kernel(*refs, has_w, has_g, chunk, num_chunks, value_blocks, b
     (end_ref,) = refs
     dt = ut_ref.dtype
     prec = common.dot_precision(dt)
-    kdim = k_ref.shape[-1]
-    j = pl.program_id(3)
-    is_value = j < value_blocks
-    rows = lax.broadcasted_iota(jnp.int32, (kdim, block_v), 0)
-    cols = lax.broadcasted_iota(jnp.int32, (kdim, block_v), 1) + (j - value_blocks) * block_v
-    s0 = jnp.where(jnp.logical_and(jnp.logical_not(is_value), rows == cols), 1.0, 0.0)
-    keep = jnp.where(is_value, 1.0, 0.0)
+    s0, keep = _identity_columns(k_ref.shape[-1], block_v, pl.program_id(3), value_blocks)
 
     def body(n, s):
-        rs = pl.ds(n * chunk, chunk)
-        gcl = gcl_ref[n]
-        gam = g_ref[rs][:, None] if has_g else None
-        kd = _k_decayed(k_ref[rs, :], gam, gcl)
-        ut = (ut_ref[rs, :].astype(jnp.float32) * keep).astype(dt)
-        uc = _chunk_values(ut, w_ref[rs, :] if has_w else None, s.astype(dt), prec)
-        return jnp.exp(gcl) * s + _mm(kd, uc, ta=True, precision=prec)
+        rows = pl.ds(n * chunk, chunk)
+        gam = g_ref[rows][:, None] if has_g else None
+        ut = (ut_ref[rows, :].astype(jnp.float32) * keep).astype(dt)
+        return _state_step(s, ut, w_ref[rows, :] if has_w else None, k_ref[rows, :], gam,
+                           gcl_ref[n], prec)[2]
 
-    end_ref[...] = lax.fori_loop(0, num_chunks, body, s0.astype(jnp.float32))
+    end_ref[...] = lax.fori_loop(0, num_chunks, body, s0)
 
 
 def _segment_starts(w, ut, k, gcl, gam, s0, cfg: Config, segs: int):
@@ -563,6 +575,19 @@ OUTPUT_WARPS = int(os.environ.get("KERNELS_PALLAS_OUTPUT_WARPS", "4"))
 
 # ----------------------------------------------------------------------------- backward kernels
 
+def _dstate_step(ds, w, q, k, p, gam, gcl, doc, prec):
+    """One chunk of the dS pass, last to first: (dS' in the input dtype,
+    dU = P^T dO + Kd dS', dS = e^G_C dS' + Qg^T dO - W^T dU); ds float32 (K, BV)."""
+    dt = doc.dtype
+    qg, kd = _decayed(q, k, gam, gcl)
+    dsc = ds.astype(dt)
+    du = (_mm(p, doc, ta=True, precision=prec) + _mm(kd, dsc, precision=prec)).astype(dt)
+    ds = jnp.exp(gcl) * ds + _mm(qg, doc, ta=True, precision=prec)
+    if w is not None:
+        ds = ds - _mm(w, du, ta=True, precision=prec)
+    return dsc, du, ds
+
+
 def _dstate_kernel_gpu(*refs, has_w, has_g, chunk, num_chunks):
     """GPU backward, pass 1 (sequential over chunks, last to first): carries dS, writing
     per chunk dU = P^T dO + Kd dS' and dS' itself (dh: the gradient w.r.t. the state after
@@ -576,21 +601,85 @@ def _dstate_kernel_gpu(*refs, has_w, has_g, chunk, num_chunks):
     def body(i, ds):
         n = num_chunks - 1 - i
         rows = pl.ds(n * chunk, chunk)
-        gcl = gcl_ref[n]
         gam = g_ref[rows][:, None] if has_g else None
-        qg, kd = _decayed(q_ref[rows, :], k_ref[rows, :], gam, gcl)
-        dsc = ds.astype(dt)
-        doc = do_ref[rows, :].astype(dt)
+        dsc, du, ds = _dstate_step(ds, w_ref[rows, :] if has_w else None, q_ref[rows, :],
+                                   k_ref[rows, :], p_ref[rows, :], gam, gcl_ref[n],
+                                   do_ref[rows, :].astype(dt), prec)
         dh_ref[n] = dsc
-        du = (_mm(p_ref[rows, :], doc, ta=True, precision=prec)
-              + _mm(kd, dsc, precision=prec)).astype(dt)
         du_ref[rows, :] = du
-        ds = jnp.exp(gcl) * ds + _mm(qg, doc, ta=True, precision=prec)
-        if has_w:
-            ds = ds - _mm(w_ref[rows, :], du, ta=True, precision=prec)
         return ds
 
     ds0_ref[...] = lax.fori_loop(0, num_chunks, body, dst_ref[...])
+
+
+def _dstate_maps_kernel(*refs, has_w, has_g, chunk, num_chunks, value_blocks, block_v):
+    """The dS pass's segment maps (SEQ_SEGMENTS), one (head, segment, column block): the
+    pass over the segment's chunks from 0 with dO (value blocks) or from I's columns with
+    no dO (identity blocks), writing only where it ends: dS_start = A_g dS_end + E_g."""
+    (w_ref, _, q_ref, k_ref, p_ref, gcl_ref, g_ref), (do_ref, end_ref) = _split(
+        refs, has_w, has_g)
+    dt = k_ref.dtype
+    prec = common.dot_precision(dt)
+    s0, keep = _identity_columns(k_ref.shape[-1], block_v, pl.program_id(3), value_blocks)
+
+    def body(i, ds):
+        rows = pl.ds((num_chunks - 1 - i) * chunk, chunk)
+        gam = g_ref[rows][:, None] if has_g else None
+        doc = (do_ref[rows, :].astype(jnp.float32) * keep).astype(dt)
+        return _dstate_step(ds, w_ref[rows, :] if has_w else None, q_ref[rows, :],
+                            k_ref[rows, :], p_ref[rows, :], gam,
+                            gcl_ref[num_chunks - 1 - i], doc, prec)[2]
+
+    end_ref[...] = lax.fori_loop(0, num_chunks, body, s0)
+
+
+def _gpu_seg_in_specs(has_w, has_g, nh, seg_t, kdim, bv, c, vb=lambda j: j):
+    """BlockSpecs for [w] ut q k p gcl [gam] on the grid (B, H, segments, value blocks):
+    one segment's seg_t rows of each; vb maps the grid's value block to Ut's."""
+    row = lambda bi, hi: bi * nh + hi  # noqa: E731
+    tok = pl.BlockSpec((None, seg_t, None, kdim), lambda bi, hi, g, j: (bi, g, hi, 0))
+    specs = ([pl.BlockSpec((None, seg_t, kdim), lambda bi, hi, g, j: (row(bi, hi), g, 0))]
+             if has_w else []) + [
+        pl.BlockSpec((None, seg_t, bv), lambda bi, hi, g, j: (row(bi, hi), g, vb(j))),
+        tok, tok,
+        pl.BlockSpec((None, seg_t, c), lambda bi, hi, g, j: (row(bi, hi), g, 0)),
+        pl.BlockSpec((None, seg_t // c, 1, 1), lambda bi, hi, g, j: (row(bi, hi), g, 0, 0))]
+    if has_g:
+        specs.append(pl.BlockSpec((None, seg_t, None), lambda bi, hi, g, j: (bi, g, hi)))
+    return specs
+
+
+def _dstate_segment_ends(lead, do, dst, cfg: Config, segs: int, shape):
+    """dS' after each segment (BH, G, K, V) float32 (the last one is dst): the segment
+    maps of the dS pass and a G-step scan from the last segment to the first."""
+    b, tp, nh, kdim, vdim, has_w, has_g = shape
+    bv = cfg.block_v
+    nvb = vdim // bv
+    if kdim % bv:
+        raise NotImplementedError(f"SEQ_SEGMENTS needs K ({kdim}) a multiple of the value "
+                                  f"block ({bv})")
+    seg_t = tp // segs
+    vb = lambda j: jnp.minimum(j, nvb - 1)  # noqa: E731  (identity blocks: a dummy dO)
+    row = lambda bi, hi: bi * nh + hi  # noqa: E731
+    ends = pl.pallas_call(
+        functools.partial(_dstate_maps_kernel, has_w=has_w, has_g=has_g, chunk=cfg.chunk,
+                          num_chunks=seg_t // cfg.chunk, value_blocks=nvb, block_v=bv),
+        grid=(b, nh, segs, nvb + kdim // bv),
+        in_specs=_gpu_seg_in_specs(has_w, has_g, nh, seg_t, kdim, bv, cfg.chunk, vb) + [
+            pl.BlockSpec((None, seg_t, None, bv), lambda bi, hi, g, j: (bi, g, hi, vb(j)))],
+        out_specs=pl.BlockSpec((None, None, kdim, bv),
+                               lambda bi, hi, g, j: (row(bi, hi), g, 0, j)),
+        out_shape=jax.ShapeDtypeStruct((b * nh, segs, kdim, vdim + kdim), jnp.float32),
+        interpret=common.interpret(), compiler_params=_sequential_params(kdim, bv, SEG_STAGES),
+        name="linear_chunk_bwd_segment_maps")(*lead, do)
+    e_g, a_g = ends[..., :vdim], ends[..., vdim:]
+
+    def step(after, x):
+        a, e = x
+        return jnp.einsum("bij,bjv->biv", a, after, precision=lax.Precision.HIGHEST) + e, after
+    _, afters = lax.scan(step, dst, (jnp.moveaxis(a_g, 1, 0), jnp.moveaxis(e_g, 1, 0)),
+                         reverse=True)
+    return jnp.moveaxis(afters, 0, 1)
 
 
 def _grads_kernel_gpu(*refs, has_w, has_g, u_saved, block_cols):
@@ -669,23 +758,33 @@ def _backward_gpu(w, ut, q, k, p, gcl, gam, h, do, dst, cfg: Config, u=None):
     row = lambda bi, hi: bi * nh + hi  # noqa: E731
     lead = ([w] if has_w else []) + [ut, q, k, p, gcl] + ([gam] if has_g else [])
 
-    # pass 1: dU and dS' per chunk, sequential; grid (B, H, value blocks)
-    vspec = pl.BlockSpec((None, tp, bv), lambda bi, hi, j: (row(bi, hi), 0, j))
-    sspec = pl.BlockSpec((None, kdim, bv), lambda bi, hi, j: (row(bi, hi), 0, j))
+    # pass 1: dU and dS' per chunk, sequential within a segment (SEQ_SEGMENTS; one
+    # segment unless set); grid (B, H, segments, value blocks)
+    segs = _segments(n)
+    seg_t, seg_n = tp // segs, n // segs
+    if segs > 1:
+        afters = _dstate_segment_ends(lead, do, dst, cfg, segs,
+                                      (b, tp, nh, kdim, vdim, has_w, has_g))
+    else:
+        afters = dst[:, None]
+    vspec = pl.BlockSpec((None, seg_t, bv), lambda bi, hi, g, j: (row(bi, hi), g, j))
+    sspec = pl.BlockSpec((None, None, kdim, bv), lambda bi, hi, g, j: (row(bi, hi), g, 0, j))
     du, dh, ds0 = pl.pallas_call(
         functools.partial(_dstate_kernel_gpu, has_w=has_w, has_g=has_g, chunk=c,
-                          num_chunks=n),
-        grid=(b, nh, vdim // bv),
-        in_specs=(_gpu_in_specs(has_w, has_g, nh, tp, kdim, bv, c, n)
-                  + [_gpu_token_spec(tp, bv), sspec]),
-        out_specs=[vspec, pl.BlockSpec((None, n, kdim, bv),
-                                       lambda bi, hi, j: (row(bi, hi), 0, 0, j)), sspec],
+                          num_chunks=seg_n),
+        grid=(b, nh, segs, vdim // bv),
+        in_specs=(_gpu_seg_in_specs(has_w, has_g, nh, seg_t, kdim, bv, c)
+                  + [pl.BlockSpec((None, seg_t, None, bv),
+                                  lambda bi, hi, g, j: (bi, g, hi, j)), sspec]),
+        out_specs=[vspec, pl.BlockSpec((None, seg_n, kdim, bv),
+                                       lambda bi, hi, g, j: (row(bi, hi), g, 0, j)), sspec],
         out_shape=[jax.ShapeDtypeStruct((bh, tp, vdim), dt),
                    jax.ShapeDtypeStruct((bh, n, kdim, vdim), dt),
-                   jax.ShapeDtypeStruct((bh, kdim, vdim), jnp.float32)],
+                   jax.ShapeDtypeStruct((bh, segs, kdim, vdim), jnp.float32)],
         interpret=common.interpret(),
-        compiler_params=_sequential_params(kdim, bv),
-        name="linear_chunk_bwd_dstate")(*lead, do, dst)
+        compiler_params=_sequential_params(kdim, bv, SEG_STAGES if segs > 1 else None),
+        name="linear_chunk_bwd_dstate")(*lead, do, afters)
+    ds0 = ds0[:, 0]
 
     # pass 2: everything else, parallel over chunks; grid (B, H, chunks)
     crow = lambda width: pl.BlockSpec(  # noqa: E731  (one chunk's rows of a (BH, Tp, width))

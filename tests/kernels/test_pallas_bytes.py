@@ -150,17 +150,38 @@ def test_gpu_backward_is_a_state_pass_and_a_chunk_parallel_pass():
     loss = lambda *a: jnp.sum(gdn(*a).astype(jnp.float32))  # noqa: E731
     eqns = pallas_calls(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))(*args))
     bf16, f32 = jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)
-    (fwd,) = named(eqns, "linear_chunk_fwd_states")
-    assert outputs(fwd) == [((B * H, K, V), f32), ((B * H, n, K, V), bf16),  # final, saved
-                            ((B * H, tp, V), bf16)]                           # states; U
+    (fwd,) = named(eqns, "linear_chunk_fwd_states")     # (one segment: the final state)
+    assert outputs(fwd) == [((B * H, 1, K, V), f32), ((B * H, n, K, V), bf16),  # final,
+                            ((B * H, tp, V), bf16)]                        # saved states; U
     (out,) = named(eqns, "linear_chunk_fwd_output")
     assert outputs(out) == [((B, tp, H, V), bf16)]
     assert not exactly(eqns, "linear_chunk_fwd")  # the one-loop forward is not used
     (state_pass,) = named(eqns, "linear_chunk_bwd_dstate")
     assert outputs(state_pass) == [((B * H, tp, V), bf16), ((B * H, n, K, V), bf16),
-                                   ((B * H, K, V), f32)]
+                                   ((B * H, 1, K, V), f32)]
     (grads,) = named(eqns, "linear_chunk_bwd_grads")
     assert outputs(grads) == [((B, tp, H, K), bf16), ((B, tp, H, K), bf16),
                               ((B * H, tp, K), bf16), ((B * H, tp, C), bf16),
                               ((B * H, n, 1, 1), f32), ((B, tp, H), f32)]
     assert not exactly(eqns, "linear_chunk_bwd")  # the fused (TPU) backward is not used
+
+
+def test_segments_make_both_sequential_passes_two_level(monkeypatch):
+    """recurrence.SEQ_SEGMENTS = 3 (T = 37, chunk 16: 3 chunks, so 3 segments): the
+    forward's state pass and the backward's dS pass each get a segment-map pass in front
+    (a K-column wider output: value columns and the transition's), and run with a
+    segment grid axis; the one-loop forward is not used even without a gradient."""
+    from kernels.pallas import recurrence
+    monkeypatch.setattr(recurrence, "SEQ_SEGMENTS", 3)
+    args = inputs(6)
+    loss = lambda *a: jnp.sum(gdn(*a).astype(jnp.float32))  # noqa: E731
+    eqns = pallas_calls(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))(*args))
+    f32 = jnp.dtype(jnp.float32)
+    for name in ("linear_chunk_fwd_segment_maps", "linear_chunk_bwd_segment_maps"):
+        (maps,) = exactly(eqns, name)
+        assert outputs(maps) == [((B * H, 3, K, V + K), f32)], name
+    (states,) = exactly(eqns, "linear_chunk_fwd_states")
+    assert outputs(states)[0] == ((B * H, 3, K, V), f32)      # each segment's end state
+    plain = pallas_calls(jax.make_jaxpr(lambda *a: gdn(*a))(*args))  # (a fresh trace)
+    assert exactly(plain, "linear_chunk_fwd_segment_maps")
+    assert not exactly(plain, "linear_chunk_fwd")
