@@ -9,6 +9,8 @@ On a CPU backend both run in interpret mode (how the tests exercise them).
 """
 from __future__ import annotations
 
+from typing import Callable, NamedTuple
+
 import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl  # noqa: F401  (re-exported for the kernels)
@@ -112,3 +114,22 @@ def from_chunk_major(x, b: int, h: int):
     """(B*H, Tp, D) -> (B, Tp, H, D)."""
     tp, d = x.shape[1], x.shape[-1]
     return jnp.transpose(x.reshape(b, h, tp, d), (0, 2, 1, 3))
+
+
+class ChunkSpecs(NamedTuple):
+    """BlockSpecs of one chunk on the grid (B, H, chunks), as the preparation kernels use
+    them: token(d) a (B, Tp, H, d) array's chunk rows of one head; per_token a
+    (B, Tp, H) one's; rows(d) a head-major (B*H, Tp, d) one's; scalar a (B*H, N, 1, 1)
+    one's entry."""
+    token: Callable
+    per_token: object
+    rows: Callable
+    scalar: object
+
+
+def chunk_specs(h: int, chunk: int) -> ChunkSpecs:
+    return ChunkSpecs(
+        token=lambda d: pl.BlockSpec((None, chunk, None, d), lambda bi, hi, ni: (bi, ni, hi, 0)),
+        per_token=pl.BlockSpec((None, chunk, None), lambda bi, hi, ni: (bi, ni, hi)),
+        rows=lambda d: pl.BlockSpec((None, chunk, d), lambda bi, hi, ni: (bi * h + hi, ni, 0)),
+        scalar=pl.BlockSpec((None, None, 1, 1), lambda bi, hi, ni: (bi * h + hi, ni, 0, 0)))

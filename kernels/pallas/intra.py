@@ -137,17 +137,14 @@ def gdn_intra(q, k, v, big_g, beta, *, chunk, with_inverse=True):
     vdim = v.shape[-1]
     n = tp // chunk
     dt = q.dtype
-    tok = lambda d: pl.BlockSpec((None, chunk, None, d),  # noqa: E731
-                                 lambda bi, hi, ni: (bi, ni, hi, 0))
-    per_tok = pl.BlockSpec((None, chunk, None), lambda bi, hi, ni: (bi, ni, hi))
-    out = lambda d: pl.BlockSpec((None, chunk, d),  # noqa: E731
-                                 lambda bi, hi, ni: (bi * h + hi, ni, 0))
+    spec = common.chunk_specs(h, chunk)
+    tok, per_tok, out = spec.token, spec.per_token, spec.rows
     out_shapes = [jax.ShapeDtypeStruct((b * h, tp, kdim), dt),
                   jax.ShapeDtypeStruct((b * h, tp, vdim), dt),
                   jax.ShapeDtypeStruct((b * h, tp, chunk), dt),
                   jax.ShapeDtypeStruct((b * h, n, 1, 1), jnp.float32)]
     out_specs = [out(kdim), out(vdim), out(chunk),
-                 pl.BlockSpec((None, None, 1, 1), lambda bi, hi, ni: (bi * h + hi, ni, 0, 0))]
+                 spec.scalar]
     if with_inverse:
         out_shapes.append(jax.ShapeDtypeStruct((b * h, tp, chunk), jnp.float32))
         out_specs.append(out(chunk))

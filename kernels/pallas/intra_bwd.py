@@ -145,12 +145,8 @@ def gdn_intra_bwd(q, k, v, big_g, beta, inverse, dw, dut, dp, dgcl, *, chunk, ad
         if tuple(arr.shape) != shape:
             raise ValueError(f"gdn_intra_bwd: {name} has shape {tuple(arr.shape)}, "
                              f"expected {shape} (gdn_intra's layout for chunk={chunk})")
-    tok = lambda d: pl.BlockSpec((None, chunk, None, d),  # noqa: E731
-                                 lambda bi, hi, ni: (bi, ni, hi, 0))
-    per_tok = pl.BlockSpec((None, chunk, None), lambda bi, hi, ni: (bi, ni, hi))
-    flat = lambda d: pl.BlockSpec((None, chunk, d),  # noqa: E731
-                                  lambda bi, hi, ni: (bi * h + hi, ni, 0))
-    scalar = pl.BlockSpec((None, None, 1, 1), lambda bi, hi, ni: (bi * h + hi, ni, 0, 0))
+    spec = common.chunk_specs(h, chunk)
+    tok, per_tok, flat, scalar = spec.token, spec.per_token, spec.rows, spec.scalar
     out_shapes = [jax.ShapeDtypeStruct((b, tp, h, kdim), dt),
                   jax.ShapeDtypeStruct((b, tp, h, kdim), dt),
                   jax.ShapeDtypeStruct((b, tp, h, vdim), dt),

@@ -89,12 +89,8 @@ def gdn_intra_split(q, k, v, big_g, beta, *, chunk, with_inverse=True):
     dt = q.dtype
     f32 = jnp.float32
     grid = (b, h, n)
-    tok = lambda d: pl.BlockSpec((None, chunk, None, d),  # noqa: E731
-                                 lambda bi, hi, ni: (bi, ni, hi, 0))
-    per_tok = pl.BlockSpec((None, chunk, None), lambda bi, hi, ni: (bi, ni, hi))
-    rows = lambda d: pl.BlockSpec((None, chunk, d),  # noqa: E731
-                                  lambda bi, hi, ni: (bi * h + hi, ni, 0))
-    one = pl.BlockSpec((None, None, 1, 1), lambda bi, hi, ni: (bi * h + hi, ni, 0, 0))
+    spec = common.chunk_specs(h, chunk)
+    tok, per_tok, rows, one = spec.token, spec.per_token, spec.rows, spec.scalar
     params = lambda warps: common.compiler_params("gpu", num_warps=warps,  # noqa: E731
                                                   num_stages=1)
     p, a, gcl = pl.pallas_call(

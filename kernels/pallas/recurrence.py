@@ -458,6 +458,28 @@ def _segment_maps_kernel(*refs, has_w, has_g, chunk, num_chunks, value_blocks, b
     end_ref[...] = lax.fori_loop(0, num_chunks, body, s0)
 
 
+def _state_in_specs(has_w, has_g, nh, seg_t, kdim, bv, c, vb=lambda j: j):
+    """BlockSpecs for the state passes' [w] ut k gcl [gam] on the grid (B, H, segments,
+    value blocks): one segment's seg_t rows of each; vb maps the grid's block to Ut's."""
+    row = lambda bi, hi: bi * nh + hi  # noqa: E731
+    specs = ([pl.BlockSpec((None, seg_t, kdim), lambda bi, hi, g, j: (row(bi, hi), g, 0))]
+             if has_w else []) + [
+        pl.BlockSpec((None, seg_t, bv), lambda bi, hi, g, j: (row(bi, hi), g, vb(j))),
+        pl.BlockSpec((None, seg_t, None, kdim), lambda bi, hi, g, j: (bi, g, hi, 0)),
+        pl.BlockSpec((None, seg_t // c, 1, 1), lambda bi, hi, g, j: (row(bi, hi), g, 0, 0))]
+    if has_g:
+        specs.append(pl.BlockSpec((None, seg_t, None), lambda bi, hi, g, j: (bi, g, hi)))
+    return specs
+
+
+def _identity_blocks(kdim, bv):
+    """Column blocks of the K identity columns a segment-map pass adds."""
+    if kdim % bv:
+        raise NotImplementedError(f"SEQ_SEGMENTS needs K ({kdim}) a multiple of the value "
+                                  f"block ({bv})")
+    return kdim // bv
+
+
 def _segment_starts(w, ut, k, gcl, gam, s0, cfg: Config, segs: int):
     """Each segment's start state (BH, G, K, V) float32, by pass 1 and a G-step scan."""
     b, tp, nh, kdim = k.shape
@@ -467,25 +489,15 @@ def _segment_starts(w, ut, k, gcl, gam, s0, cfg: Config, segs: int):
     seg_t = tp // segs                      # tokens per segment
     bv = cfg.block_v
     nvb = vdim // bv
-    nib = kdim // bv if kdim % bv == 0 else None
-    if nib is None:
-        raise NotImplementedError(f"SEQ_SEGMENTS needs K ({kdim}) a multiple of the value "
-                                  f"block ({bv})")
     has_w, has_g = w is not None, gam is not None
     row = lambda bi, hi: bi * nh + hi  # noqa: E731
     vb = lambda j: jnp.minimum(j, nvb - 1)  # noqa: E731  (identity blocks read a dummy Ut)
-    in_specs = ([pl.BlockSpec((None, seg_t, kdim), lambda bi, hi, g, j: (row(bi, hi), g, 0))]
-                if has_w else []) + [
-        pl.BlockSpec((None, seg_t, bv), lambda bi, hi, g, j: (row(bi, hi), g, vb(j))),
-        pl.BlockSpec((None, seg_t, None, kdim), lambda bi, hi, g, j: (bi, g, hi, 0)),
-        pl.BlockSpec((None, seg_t // c, 1, 1), lambda bi, hi, g, j: (row(bi, hi), g, 0, 0))]
-    if has_g:
-        in_specs.append(pl.BlockSpec((None, seg_t, None), lambda bi, hi, g, j: (bi, g, hi)))
     args = ([w] if has_w else []) + [ut, k, gcl] + ([gam] if has_g else [])
     ends = pl.pallas_call(
         functools.partial(_segment_maps_kernel, has_w=has_w, has_g=has_g, chunk=c,
                           num_chunks=seg_t // c, value_blocks=nvb, block_v=bv),
-        grid=(b, nh, segs, nvb + nib), in_specs=in_specs,
+        grid=(b, nh, segs, nvb + _identity_blocks(kdim, bv)),
+        in_specs=_state_in_specs(has_w, has_g, nh, seg_t, kdim, bv, c, vb),
         out_specs=pl.BlockSpec((None, None, kdim, bv),
                                lambda bi, hi, g, j: (row(bi, hi), g, 0, j)),
         out_shape=jax.ShapeDtypeStruct((bh, segs, kdim, vdim + kdim), jnp.float32),
@@ -524,12 +536,7 @@ def _forward_split_gpu(w, ut, q, k, p, gcl, gam, s0, cfg: Config, save: bool):
     # pass 1: states and U, sequential within a segment; grid (B, H, segments, value blocks)
     vspec = pl.BlockSpec((None, seg_t, bv), lambda bi, hi, g, j: (row(bi, hi), g, j))
     sspec = pl.BlockSpec((None, None, kdim, bv), lambda bi, hi, g, j: (row(bi, hi), g, 0, j))
-    in_specs = ([pl.BlockSpec((None, seg_t, kdim), lambda bi, hi, g, j: (row(bi, hi), g, 0))]
-                if has_w else []) + [
-        vspec, pl.BlockSpec((None, seg_t, None, kdim), lambda bi, hi, g, j: (bi, g, hi, 0)),
-        pl.BlockSpec((None, seg_n, 1, 1), lambda bi, hi, g, j: (row(bi, hi), g, 0, 0))]
-    if has_g:
-        in_specs.append(pl.BlockSpec((None, seg_t, None), lambda bi, hi, g, j: (bi, g, hi)))
+    in_specs = _state_in_specs(has_w, has_g, nh, seg_t, kdim, bv, c)
     out_specs = [sspec, pl.BlockSpec((None, seg_n, kdim, bv),
                                      lambda bi, hi, g, j: (row(bi, hi), g, 0, j))]
     out_shape = [jax.ShapeDtypeStruct((bh, segs, kdim, vdim), jnp.float32),
@@ -655,16 +662,13 @@ def _dstate_segment_ends(lead, do, dst, cfg: Config, segs: int, shape):
     b, tp, nh, kdim, vdim, has_w, has_g = shape
     bv = cfg.block_v
     nvb = vdim // bv
-    if kdim % bv:
-        raise NotImplementedError(f"SEQ_SEGMENTS needs K ({kdim}) a multiple of the value "
-                                  f"block ({bv})")
     seg_t = tp // segs
     vb = lambda j: jnp.minimum(j, nvb - 1)  # noqa: E731  (identity blocks: a dummy dO)
     row = lambda bi, hi: bi * nh + hi  # noqa: E731
     ends = pl.pallas_call(
         functools.partial(_dstate_maps_kernel, has_w=has_w, has_g=has_g, chunk=cfg.chunk,
                           num_chunks=seg_t // cfg.chunk, value_blocks=nvb, block_v=bv),
-        grid=(b, nh, segs, nvb + kdim // bv),
+        grid=(b, nh, segs, nvb + _identity_blocks(kdim, bv)),
         in_specs=_gpu_seg_in_specs(has_w, has_g, nh, seg_t, kdim, bv, cfg.chunk, vb) + [
             pl.BlockSpec((None, seg_t, None, bv), lambda bi, hi, g, j: (bi, g, hi, vb(j)))],
         out_specs=pl.BlockSpec((None, None, kdim, bv),
