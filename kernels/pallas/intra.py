@@ -50,6 +50,29 @@ def _sum(terms):
     return functools.reduce(lambda a, b: a + b, terms)
 
 
+def _decay_mask(g, chunk):
+    """(D, rows, cols): D_ts = exp(G_t - G_s) for s <= t, else 0 (masked before the exp:
+    above the diagonal G_t - G_s > 0 could overflow); g the (C,) in-chunk cumsum."""
+    rows = lax.broadcasted_iota(jnp.int32, (chunk, chunk), 0)
+    cols = lax.broadcasted_iota(jnp.int32, (chunk, chunk), 1)
+    return jnp.exp(jnp.where(rows >= cols, g[:, None] - g[None, :], -jnp.inf)), rows, cols
+
+
+def _block_inverse(a_block, nb):
+    """X = (I + A)^-1 as a dict of its 16 x 16 blocks X_ij (j <= i), A strictly lower with
+    blocks a_block(i, m) (m <= i): each diagonal block by _unit_lower_inverse, the ones
+    below by block forward substitution X_ij = -X_ii sum_{j <= m < i} A_im X_mj."""
+    hi = lax.Precision.HIGHEST
+    x = {}
+    for i in range(nb):
+        x[i, i] = _unit_lower_inverse(a_block(i, i))
+        a_row = {m: a_block(i, m) for m in range(i)}
+        for j in range(i - 1, -1, -1):
+            acc = _sum(_mm(a_row[m], x[m, j], precision=hi) for m in range(j, i))
+            x[i, j] = -_mm(x[i, i], acc, precision=hi)
+    return x
+
+
 def _unit_lower_inverse(n_mat):
     """(I + N)^-1 for a strictly lower-triangular 16 x 16 N, in float32."""
     hi = lax.Precision.HIGHEST
@@ -66,7 +89,6 @@ def _unit_lower_inverse(n_mat):
 def _intra_kernel(q_ref, k_ref, v_ref, g_ref, b_ref,
                   w_ref, ut_ref, p_ref, gcl_ref, *x_ref, chunk):
     f32 = jnp.float32
-    hi = lax.Precision.HIGHEST
     dt = k_ref.dtype
     prec = common.dot_precision(dt)
     nb = chunk // BS
@@ -76,9 +98,7 @@ def _intra_kernel(q_ref, k_ref, v_ref, g_ref, b_ref,
     k = k_ref[...]
     g = g_ref[...]                                        # (C,) inclusive cumsum G
     g_last = g_ref[pl.ds(chunk - 1, 1)]                   # (1,)
-    rows = lax.broadcasted_iota(jnp.int32, (chunk, chunk), 0)
-    cols = lax.broadcasted_iota(jnp.int32, (chunk, chunk), 1)
-    dmat = jnp.exp(jnp.where(rows >= cols, g[:, None] - g[None, :], -jnp.inf))
+    dmat = _decay_mask(g, chunk)[0]
     p_ref[...] = (_mm(q, k, tb=True, precision=prec) * dmat).astype(p_ref.dtype)
     gcl_ref[...] = g_last[None, :]
 
@@ -104,13 +124,7 @@ def _intra_kernel(q_ref, k_ref, v_ref, g_ref, b_ref,
         diff = jnp.where(mask, gb[i][:, None] - gb[j][None, :], -jnp.inf)
         return bb[i][:, None] * jnp.exp(diff) * _mm(kb[i], kb[j], tb=True, precision=prec)
 
-    x = {}
-    for i in range(nb):
-        x[i, i] = _unit_lower_inverse(a_block(i, i))
-        a_row = {m: a_block(i, m) for m in range(i)}
-        for j in range(i - 1, -1, -1):
-            acc = _sum(_mm(a_row[m], x[m, j], precision=hi) for m in range(j, i))
-            x[i, j] = -_mm(x[i, i], acc, precision=hi)
+    x = _block_inverse(a_block, nb)
 
     for i in range(nb):
         rows_i = pl.ds(i * BS, BS)

@@ -7,8 +7,8 @@ not hidden (on the H200 it runs at ~3.6x its memory floor). Here, per (head, chu
 
     1. _kkt_kernel:   P = (Q K^T) * D,  A = strict_lower(beta_t D_ts (K K^T)_ts),  G_C
                       (two C x C x K dots; A written in float32)
-    2. _solve_kernel: X = (I + A)^-1 from A's 16 x 16 blocks (intra._unit_lower_inverse
-                      on the diagonal, block forward substitution below it), written in
+    2. _solve_kernel: X = (I + A)^-1 from A's 16 x 16 blocks (intra._block_inverse: the
+                      same blocked inverse as the one-kernel preparation), written in
                       float32: the small-register part, so many programs share an SM
     3. _wu_kernel:    W = X diag(beta gamma) K,  Ut = X diag(beta) V  (two C x C x D dots)
 
@@ -23,23 +23,15 @@ import functools
 
 import jax
 import jax.numpy as jnp
-from jax import lax
 from jax.experimental import pallas as pl
 
 from kernels.pallas import common
-from kernels.pallas.intra import BS, _mm, _sum, _unit_lower_inverse
+from kernels.pallas.intra import BS, _block_inverse, _decay_mask, _mm
 
 # Warps per program of the three kernels; read when traced (untuned).
 KKT_WARPS = 4
 SOLVE_WARPS = 1
 WU_WARPS = 4
-
-
-def _decay_mask(g, chunk):
-    """D_ts = exp(G_t - G_s) for s <= t, else 0; g the (C,) in-chunk cumsum."""
-    rows = lax.broadcasted_iota(jnp.int32, (chunk, chunk), 0)
-    cols = lax.broadcasted_iota(jnp.int32, (chunk, chunk), 1)
-    return jnp.exp(jnp.where(rows >= cols, g[:, None] - g[None, :], -jnp.inf)), rows, cols
 
 
 def _kkt_kernel(q_ref, k_ref, g_ref, b_ref, p_ref, a_ref, gcl_ref, *, chunk):
@@ -54,15 +46,8 @@ def _kkt_kernel(q_ref, k_ref, g_ref, b_ref, p_ref, a_ref, gcl_ref, *, chunk):
 
 
 def _solve_kernel(a_ref, x_ref, *, chunk):
-    hi = lax.Precision.HIGHEST
     nb = chunk // BS
-    x = {}
-    for i in range(nb):
-        a_row = [a_ref[pl.ds(i * BS, BS), pl.ds(m * BS, BS)] for m in range(i + 1)]
-        x[i, i] = _unit_lower_inverse(a_row[i])
-        for j in range(i - 1, -1, -1):
-            acc = _sum(_mm(a_row[m], x[m, j], precision=hi) for m in range(j, i))
-            x[i, j] = -_mm(x[i, i], acc, precision=hi)
+    x = _block_inverse(lambda i, m: a_ref[pl.ds(i * BS, BS), pl.ds(m * BS, BS)], nb)
     for i in range(nb):
         for j in range(nb):
             x_ref[pl.ds(i * BS, BS), pl.ds(j * BS, BS)] = (

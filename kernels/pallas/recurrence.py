@@ -128,13 +128,9 @@ def _chunk_values(ut, w, sc, prec):
 
 def _fwd_chunk(s, w, ut, q, k, p, gcl, gam):
     """One chunk of the forward recurrence; s float32 (K, BV). Returns (o, s_next)."""
-    dt = ut.dtype
-    prec = common.dot_precision(dt)
-    qg, kd = _decayed(q, k, gam, gcl)
-    sc = s.astype(dt)
-    uc = _chunk_values(ut, w, sc, prec)
-    o = _mm(qg, sc, precision=prec) + _mm(p, uc, precision=prec)
-    s_next = jnp.exp(gcl) * s + _mm(kd, uc, ta=True, precision=prec)
+    prec = common.dot_precision(ut.dtype)
+    sc, uc, s_next = _state_step(s, ut, w, k, gam, gcl, prec)
+    o = _mm(_q_decayed(q, gam), sc, precision=prec) + _mm(p, uc, precision=prec)
     return o, s_next
 
 
@@ -146,23 +142,16 @@ def _bwd_chunk(s, ds, w, ut, q, k, p, gcl, gam, do):
     factors are applied outside, in _chain_decay)."""
     dt = ut.dtype
     prec = common.dot_precision(dt)
-    qg, kd = _decayed(q, k, gam, gcl)
     sc = s.astype(dt)
-    dsc = ds.astype(dt)
     doc = do.astype(dt)
     uc = _chunk_values(ut, w, sc, prec)
-    gc = jnp.exp(gcl)
-    du = _mm(p, doc, ta=True, precision=prec) + _mm(kd, dsc, precision=prec)
-    duc = du.astype(dt)
-    ds_prev = gc * ds + _mm(qg, doc, ta=True, precision=prec)
-    dw = None
-    if w is not None:
-        ds_prev = ds_prev - _mm(w, duc, ta=True, precision=prec)
-        dw = -_mm(duc, sc, tb=True, precision=prec)
+    dsc, du, ds_prev = _dstate_step(ds, w, q, k, p, gam, gcl, doc, prec)
+    dw = None if w is None else -_mm(du, sc, tb=True, precision=prec)
     dqg = _mm(doc, sc, tb=True, precision=prec)
     dp = _mm(doc, uc, tb=True, precision=prec)
     dkd = _mm(uc, dsc, tb=True, precision=prec)
-    dgcl = gc * jnp.sum(jnp.sum(s * ds, axis=1, keepdims=True), axis=0, keepdims=True)
+    dgcl = jnp.exp(gcl) * jnp.sum(jnp.sum(s * ds, axis=1, keepdims=True), axis=0,
+                                  keepdims=True)
     return ds_prev, du, dw, dqg, dkd, dp, dgcl
 
 
@@ -458,18 +447,40 @@ def _segment_maps_kernel(*refs, has_w, has_g, chunk, num_chunks, value_blocks, b
     end_ref[...] = lax.fori_loop(0, num_chunks, body, s0)
 
 
-def _state_in_specs(has_w, has_g, nh, seg_t, kdim, bv, c, vb=lambda j: j):
-    """BlockSpecs for the state passes' [w] ut k gcl [gam] on the grid (B, H, segments,
-    value blocks): one segment's seg_t rows of each; vb maps the grid's block to Ut's."""
+def _seg_in_specs(has_w, has_g, nh, seg_t, kdim, bv, c, vb=lambda j: j, with_qp=True):
+    """BlockSpecs for [w] ut q k p gcl [gam] (the dS passes) or, with_qp False,
+    [w] ut k gcl [gam] (the state passes), on the grid (B, H, segments, value blocks): one
+    segment's seg_t rows of each; vb maps the grid's value block to Ut's."""
     row = lambda bi, hi: bi * nh + hi  # noqa: E731
+    tok = pl.BlockSpec((None, seg_t, None, kdim), lambda bi, hi, g, j: (bi, g, hi, 0))
     specs = ([pl.BlockSpec((None, seg_t, kdim), lambda bi, hi, g, j: (row(bi, hi), g, 0))]
-             if has_w else []) + [
-        pl.BlockSpec((None, seg_t, bv), lambda bi, hi, g, j: (row(bi, hi), g, vb(j))),
-        pl.BlockSpec((None, seg_t, None, kdim), lambda bi, hi, g, j: (bi, g, hi, 0)),
-        pl.BlockSpec((None, seg_t // c, 1, 1), lambda bi, hi, g, j: (row(bi, hi), g, 0, 0))]
+             if has_w else [])
+    specs.append(pl.BlockSpec((None, seg_t, bv), lambda bi, hi, g, j: (row(bi, hi), g, vb(j))))
+    if with_qp:
+        specs += [tok, tok,
+                  pl.BlockSpec((None, seg_t, c), lambda bi, hi, g, j: (row(bi, hi), g, 0))]
+    else:
+        specs.append(tok)
+    specs.append(pl.BlockSpec((None, seg_t // c, 1, 1),
+                              lambda bi, hi, g, j: (row(bi, hi), g, 0, 0)))
     if has_g:
         specs.append(pl.BlockSpec((None, seg_t, None), lambda bi, hi, g, j: (bi, g, hi)))
     return specs
+
+
+def _chain_segments(ends, vdim, carry, reverse=False):
+    """The carry at each segment's entry (BH, G, K, V) float32, from the segment-map
+    pass's ends (BH, G, K, V + K): [E_g | A_g], exit = A_g entry + E_g, segments taken
+    first to last from carry (the initial state), or last to first (reverse: the dS
+    passes, carry = the gradient after the last segment)."""
+    e_g, a_g = ends[..., :vdim], ends[..., vdim:]
+
+    def step(entry, x):
+        a, e = x
+        return jnp.einsum("bij,bjv->biv", a, entry, precision=lax.Precision.HIGHEST) + e, entry
+    _, entries = lax.scan(step, carry, (jnp.moveaxis(a_g, 1, 0), jnp.moveaxis(e_g, 1, 0)),
+                          reverse=reverse)
+    return jnp.moveaxis(entries, 0, 1)
 
 
 def _identity_blocks(kdim, bv):
@@ -497,20 +508,13 @@ def _segment_starts(w, ut, k, gcl, gam, s0, cfg: Config, segs: int):
         functools.partial(_segment_maps_kernel, has_w=has_w, has_g=has_g, chunk=c,
                           num_chunks=seg_t // c, value_blocks=nvb, block_v=bv),
         grid=(b, nh, segs, nvb + _identity_blocks(kdim, bv)),
-        in_specs=_state_in_specs(has_w, has_g, nh, seg_t, kdim, bv, c, vb),
+        in_specs=_seg_in_specs(has_w, has_g, nh, seg_t, kdim, bv, c, vb, with_qp=False),
         out_specs=pl.BlockSpec((None, None, kdim, bv),
                                lambda bi, hi, g, j: (row(bi, hi), g, 0, j)),
         out_shape=jax.ShapeDtypeStruct((bh, segs, kdim, vdim + kdim), jnp.float32),
         interpret=common.interpret(), compiler_params=_sequential_params(kdim, bv, SEG_STAGES),
         name="linear_chunk_fwd_segment_maps")(*args)
-    e_g, a_g = ends[..., :vdim], ends[..., vdim:]
-
-    def step(state, x):
-        a, e = x
-        return jnp.einsum("bij,bjv->biv", a, state,
-                          precision=lax.Precision.HIGHEST) + e, state
-    _, starts = lax.scan(step, s0, (jnp.moveaxis(a_g, 1, 0), jnp.moveaxis(e_g, 1, 0)))
-    return jnp.moveaxis(starts, 0, 1)
+    return _chain_segments(ends, vdim, s0)
 
 
 def _forward_split_gpu(w, ut, q, k, p, gcl, gam, s0, cfg: Config, save: bool):
@@ -536,7 +540,7 @@ def _forward_split_gpu(w, ut, q, k, p, gcl, gam, s0, cfg: Config, save: bool):
     # pass 1: states and U, sequential within a segment; grid (B, H, segments, value blocks)
     vspec = pl.BlockSpec((None, seg_t, bv), lambda bi, hi, g, j: (row(bi, hi), g, j))
     sspec = pl.BlockSpec((None, None, kdim, bv), lambda bi, hi, g, j: (row(bi, hi), g, 0, j))
-    in_specs = _state_in_specs(has_w, has_g, nh, seg_t, kdim, bv, c)
+    in_specs = _seg_in_specs(has_w, has_g, nh, seg_t, kdim, bv, c, with_qp=False)
     out_specs = [sspec, pl.BlockSpec((None, seg_n, kdim, bv),
                                      lambda bi, hi, g, j: (row(bi, hi), g, 0, j))]
     out_shape = [jax.ShapeDtypeStruct((bh, segs, kdim, vdim), jnp.float32),
@@ -640,26 +644,12 @@ def _dstate_maps_kernel(*refs, has_w, has_g, chunk, num_chunks, value_blocks, bl
     end_ref[...] = lax.fori_loop(0, num_chunks, body, s0)
 
 
-def _gpu_seg_in_specs(has_w, has_g, nh, seg_t, kdim, bv, c, vb=lambda j: j):
-    """BlockSpecs for [w] ut q k p gcl [gam] on the grid (B, H, segments, value blocks):
-    one segment's seg_t rows of each; vb maps the grid's value block to Ut's."""
-    row = lambda bi, hi: bi * nh + hi  # noqa: E731
-    tok = pl.BlockSpec((None, seg_t, None, kdim), lambda bi, hi, g, j: (bi, g, hi, 0))
-    specs = ([pl.BlockSpec((None, seg_t, kdim), lambda bi, hi, g, j: (row(bi, hi), g, 0))]
-             if has_w else []) + [
-        pl.BlockSpec((None, seg_t, bv), lambda bi, hi, g, j: (row(bi, hi), g, vb(j))),
-        tok, tok,
-        pl.BlockSpec((None, seg_t, c), lambda bi, hi, g, j: (row(bi, hi), g, 0)),
-        pl.BlockSpec((None, seg_t // c, 1, 1), lambda bi, hi, g, j: (row(bi, hi), g, 0, 0))]
-    if has_g:
-        specs.append(pl.BlockSpec((None, seg_t, None), lambda bi, hi, g, j: (bi, g, hi)))
-    return specs
-
-
-def _dstate_segment_ends(lead, do, dst, cfg: Config, segs: int, shape):
+def _dstate_segment_ends(lead, do, dst, cfg: Config, segs: int, *, has_w, has_g):
     """dS' after each segment (BH, G, K, V) float32 (the last one is dst): the segment
-    maps of the dS pass and a G-step scan from the last segment to the first."""
-    b, tp, nh, kdim, vdim, has_w, has_g = shape
+    maps of the dS pass and a G-step scan from the last segment to the first. lead:
+    [w] ut q k p gcl [gam] as the dS pass takes them; do (B, Tp, H, V); dst (BH, K, V)."""
+    b, tp, nh, vdim = do.shape
+    kdim = dst.shape[1]
     bv = cfg.block_v
     nvb = vdim // bv
     seg_t = tp // segs
@@ -669,21 +659,14 @@ def _dstate_segment_ends(lead, do, dst, cfg: Config, segs: int, shape):
         functools.partial(_dstate_maps_kernel, has_w=has_w, has_g=has_g, chunk=cfg.chunk,
                           num_chunks=seg_t // cfg.chunk, value_blocks=nvb, block_v=bv),
         grid=(b, nh, segs, nvb + _identity_blocks(kdim, bv)),
-        in_specs=_gpu_seg_in_specs(has_w, has_g, nh, seg_t, kdim, bv, cfg.chunk, vb) + [
+        in_specs=_seg_in_specs(has_w, has_g, nh, seg_t, kdim, bv, cfg.chunk, vb) + [
             pl.BlockSpec((None, seg_t, None, bv), lambda bi, hi, g, j: (bi, g, hi, vb(j)))],
         out_specs=pl.BlockSpec((None, None, kdim, bv),
                                lambda bi, hi, g, j: (row(bi, hi), g, 0, j)),
         out_shape=jax.ShapeDtypeStruct((b * nh, segs, kdim, vdim + kdim), jnp.float32),
         interpret=common.interpret(), compiler_params=_sequential_params(kdim, bv, SEG_STAGES),
         name="linear_chunk_bwd_segment_maps")(*lead, do)
-    e_g, a_g = ends[..., :vdim], ends[..., vdim:]
-
-    def step(after, x):
-        a, e = x
-        return jnp.einsum("bij,bjv->biv", a, after, precision=lax.Precision.HIGHEST) + e, after
-    _, afters = lax.scan(step, dst, (jnp.moveaxis(a_g, 1, 0), jnp.moveaxis(e_g, 1, 0)),
-                         reverse=True)
-    return jnp.moveaxis(afters, 0, 1)
+    return _chain_segments(ends, vdim, dst, reverse=True)
 
 
 def _grads_kernel_gpu(*refs, has_w, has_g, u_saved, block_cols):
@@ -767,8 +750,7 @@ def _backward_gpu(w, ut, q, k, p, gcl, gam, h, do, dst, cfg: Config, u=None):
     segs = _segments(n)
     seg_t, seg_n = tp // segs, n // segs
     if segs > 1:
-        afters = _dstate_segment_ends(lead, do, dst, cfg, segs,
-                                      (b, tp, nh, kdim, vdim, has_w, has_g))
+        afters = _dstate_segment_ends(lead, do, dst, cfg, segs, has_w=has_w, has_g=has_g)
     else:
         afters = dst[:, None]
     vspec = pl.BlockSpec((None, seg_t, bv), lambda bi, hi, g, j: (row(bi, hi), g, j))
@@ -777,7 +759,7 @@ def _backward_gpu(w, ut, q, k, p, gcl, gam, h, do, dst, cfg: Config, u=None):
         functools.partial(_dstate_kernel_gpu, has_w=has_w, has_g=has_g, chunk=c,
                           num_chunks=seg_n),
         grid=(b, nh, segs, vdim // bv),
-        in_specs=(_gpu_seg_in_specs(has_w, has_g, nh, seg_t, kdim, bv, c)
+        in_specs=(_seg_in_specs(has_w, has_g, nh, seg_t, kdim, bv, c)
                   + [pl.BlockSpec((None, seg_t, None, bv),
                                   lambda bi, hi, g, j: (bi, g, hi, j)), sspec]),
         out_specs=[vspec, pl.BlockSpec((None, seg_n, kdim, bv),
