@@ -155,25 +155,23 @@ def cudnn_fn(q, k, v):
     return jax.nn.dot_product_attention(q, k, v, implementation="cudnn", is_causal=True)
 
 
-def fwd_bwd(f, ndiff, prep_bwd=None, fused_vjp=None):
+def fwd_bwd(f, ndiff, prep_bwd=None):
     """jit of f's outputs and its VJP w.r.t. its first ndiff arguments with a fixed
     cotangent: a training step's work. (Returning the outputs matters: without them XLA
     drops whatever computes only O, e.g. the split forward's output pass, and the time
     would not be what a model pays.)
-    prep_bwd: the GDN preparation's backward ("xla" | "pallas"); fused_vjp: GDN's one
-    custom VJP over preparation + recurrence (True | False); both chosen while tracing."""
+    prep_bwd: the GDN preparation's backward ("xla" | "pallas"), chosen while tracing
+    (it is read when the backward is traced, so it must hold beyond f's own call)."""
     from kernels.pallas import gdn
 
     def run(*args):
-        saved = gdn.PREP_BWD, gdn.FUSED_VJP
-        # read when the backward is traced, just below
-        gdn.PREP_BWD = prep_bwd or saved[0]
-        gdn.FUSED_VJP = saved[1] if fused_vjp is None else fused_vjp
+        saved = gdn.PREP_BWD
+        gdn.PREP_BWD = prep_bwd or saved      # read when the backward is traced, below
         try:
             out, pull = jax.vjp(lambda *d: f(*d, *args[ndiff:-1]), *args[:ndiff])
             return out, pull(args[-1])
         finally:
-            gdn.PREP_BWD, gdn.FUSED_VJP = saved
+            gdn.PREP_BWD = saved
     return jax.jit(run)
 
 
@@ -390,6 +388,19 @@ def main():
         q, k, v, g, beta = gdn_inputs(key, b, t)
         qa, ka, va = la_inputs(jax.random.fold_in(key, 1), b, t)
         do = jax.random.normal(jax.random.fold_in(key, 2), v.shape, jnp.float32).astype(v.dtype)
+        def setting_rows(name, module, attr, value, cases):
+            """Rows `name` of the Pallas ops with module.attr = value while the forward is
+            traced (where the kernels read their switches; a backward follows the
+            forward's residuals), for cases [(op, pass)], beside the default rows."""
+            for op, pss in cases:
+                fn, xs = (gdn_fn, (q, k, v, g, beta)) if op == "gdn" else (la_fn, (qa, ka, va))
+                f = with_setting(fn("pallas"), module, attr, value)
+                timed, xs = ((jax.jit(f), xs) if pss == "fwd"
+                             else (fwd_bwd(f, len(xs)), (*xs, do)))
+                attempt(f"{op} {name} {pss} {b}x{t}", lambda: record(
+                    op, name, pss, b, t, time_jax(timed, *xs),
+                    fwd_bytes if pss == "fwd" else fb_bytes))
+
         for impl in ("pallas", "pallas-xlaprep", "chunk"):
             if impl in skip or (impl == "chunk" and (b, t) not in chunk_shapes):
                 continue
@@ -403,46 +414,21 @@ def main():
                 time_jax(fwd_bwd(gdn_fn(impl), 5), q, k, v, g, beta, do), fb_bytes))
             if impl == "pallas" and "fvjp" not in skip:  # the other FUSED_VJP setting
                 other = not kp_gdn.FUSED_VJP
-                attempt(f"gdn pallas-fvjp{int(other)} fwd+bwd {b}x{t}", lambda: record(
-                    "gdn", f"pallas-fvjp{int(other)}", "fwd+bwd", b, t,
-                    time_jax(fwd_bwd(gdn_fn("pallas"), 5, fused_vjp=other), q, k, v, g,
-                             beta, do), fb_bytes))
+                setting_rows(f"pallas-fvjp{int(other)}", kp_gdn, "FUSED_VJP", other,
+                             [("gdn", "fwd+bwd")])
             if impl == "pallas" and "split" not in skip:  # the other forward layouts
                 # (recurrence.SPLIT_FWD): split without a gradient, one loop with one
-                for pss, mode, fn, ndiff, xs in (
-                        ("fwd", "always", gdn_fn, None, (q, k, v, g, beta)),
-                        ("fwd+bwd", "never", gdn_fn, 5, (q, k, v, g, beta, do)),
-                        ("fwd", "always", la_fn, None, (qa, ka, va))):
-                    op = "gdn" if fn is gdn_fn else "linear"
-                    if mode == kp_rec.SPLIT_FWD:
-                        continue
-                    # read when the forward is traced (the backward follows its residuals)
-                    f = with_setting(fn("pallas"), kp_rec, "SPLIT_FWD", mode)
-                    timed = jax.jit(f) if ndiff is None else fwd_bwd(f, ndiff)
-                    attempt(f"{op} pallas-split-{mode} {pss} {b}x{t}", lambda: record(
-                        op, f"pallas-split-{mode}", pss, b, t, time_jax(timed, *xs),
-                        fwd_bytes if pss == "fwd" else fb_bytes))
+                for mode, cases in (("always", [("gdn", "fwd")]), ("never", [("gdn", "fwd+bwd")]),
+                                    ("always", [("linear", "fwd")])):
+                    if mode != kp_rec.SPLIT_FWD:
+                        setting_rows(f"pallas-split-{mode}", kp_rec, "SPLIT_FWD", mode, cases)
             for segs in (args.segments if impl == "pallas" else []):  # two-level scan
-                name = f"pallas-seg{segs}"
-                for op, fn, xs, ndiff in (("gdn", gdn_fn, (q, k, v, g, beta), None),
-                                          ("gdn", gdn_fn, (q, k, v, g, beta, do), 5),
-                                          ("linear", la_fn, (qa, ka, va), None)):
-                    f = with_setting(fn("pallas"), kp_rec, "SEQ_SEGMENTS", segs)
-                    timed = jax.jit(f) if ndiff is None else fwd_bwd(f, ndiff)
-                    pss = "fwd" if ndiff is None else "fwd+bwd"
-                    attempt(f"{op} {name} {pss} {b}x{t}", lambda: record(
-                        op, name, pss, b, t, time_jax(timed, *xs),
-                        fwd_bytes if pss == "fwd" else fb_bytes))
+                setting_rows(f"pallas-seg{segs}", kp_rec, "SEQ_SEGMENTS", segs,
+                             [("gdn", "fwd"), ("gdn", "fwd+bwd"), ("linear", "fwd")])
             if impl == "pallas" and "prep3" not in skip:  # the other intra.SPLIT_PREP
-                name = f"pallas-prep{1 if kp_intra.SPLIT_PREP else 3}"
-                f = with_setting(gdn_fn("pallas"), kp_intra, "SPLIT_PREP",
-                                 not kp_intra.SPLIT_PREP)
-                attempt(f"gdn {name} fwd {b}x{t}", lambda: record(
-                    "gdn", name, "fwd", b, t, time_jax(jax.jit(f), q, k, v, g, beta),
-                    fwd_bytes))
-                attempt(f"gdn {name} fwd+bwd {b}x{t}", lambda: record(
-                    "gdn", name, "fwd+bwd", b, t,
-                    time_jax(fwd_bwd(f, 5), q, k, v, g, beta, do), fb_bytes))
+                setting_rows(f"pallas-prep{1 if kp_intra.SPLIT_PREP else 3}", kp_intra,
+                             "SPLIT_PREP", not kp_intra.SPLIT_PREP,
+                             [("gdn", "fwd"), ("gdn", "fwd+bwd")])
             if impl == "pallas" and "xbwd" not in skip:  # XLA's preparation backward
                 attempt(f"gdn pallas-xbwd fwd+bwd {b}x{t}", lambda: record(
                     "gdn", "pallas-xbwd", "fwd+bwd", b, t,

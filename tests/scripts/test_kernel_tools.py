@@ -61,3 +61,19 @@ def test_fwd_bwd_returns_the_outputs_with_the_gradients():
     out, (dx,) = bk.fwd_bwd(lambda a: jnp.sin(a) * 2.0, 1)(x, ct)
     assert jnp.allclose(out, 2.0 * jnp.sin(x))
     assert jnp.allclose(dx, 2.0 * jnp.cos(x))
+
+
+def test_with_setting_holds_a_switch_while_f_runs_and_restores_it():
+    """The benchmark's side-by-side rows rely on this: the switch holds while f (and so
+    the trace jit makes of it) runs, and is restored after, also when f raises."""
+    import types
+
+    mod = types.SimpleNamespace(SWITCH="default")
+    seen = bk.with_setting(lambda x: (mod.SWITCH, x), mod, "SWITCH", "other")(3)
+    assert seen == ("other", 3) and mod.SWITCH == "default"
+
+    def boom():
+        raise RuntimeError(mod.SWITCH)
+    with pytest.raises(RuntimeError, match="other"):
+        bk.with_setting(boom, mod, "SWITCH", "other")()
+    assert mod.SWITCH == "default"
