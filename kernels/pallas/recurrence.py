@@ -349,11 +349,13 @@ def _identity_columns(kdim, block_v, j, value_blocks):
     pass: value blocks (j < value_blocks) start from 0 with their inputs, the K identity
     columns after them from I's columns with none (their end state is the segment's
     transition A_g)."""
-    is_value = j < value_blocks
+    # 0/1 as int arithmetic, not a select on a scalar bool (which Pallas' Triton lowering
+    # broadcasts to an i1 tensor it then cannot multiply)
+    keep = jnp.clip(value_blocks - j, 0, 1)
     rows = lax.broadcasted_iota(jnp.int32, (kdim, block_v), 0)
     cols = lax.broadcasted_iota(jnp.int32, (kdim, block_v), 1) + (j - value_blocks) * block_v
-    s0 = jnp.where(jnp.logical_and(jnp.logical_not(is_value), rows == cols), 1.0, 0.0)
-    return s0.astype(jnp.float32), jnp.where(is_value, 1.0, 0.0)
+    s0 = (rows == cols).astype(jnp.float32) * (1 - keep).astype(jnp.float32)
+    return s0, keep.astype(jnp.float32)
 
 
 def _state_kernel_gpu(*refs, has_w, has_g, chunk, num_chunks):
