@@ -14,7 +14,7 @@ recurrence.SPLIT_FWD ("pallas-split-always": fwd split without a gradient;
 "pallas-split-never": fwd+bwd with a one-loop forward; --skip split) and of
 intra.SPLIT_PREP ("pallas-prep3": the preparation as three kernels; --skip prep3) and
 with the state pass as a two-level scan ("pallas-seg8": recurrence.SEQ_SEGMENTS = 8;
---segments); checks
+--segments) and at other chunk sizes ("pallas-c128": --chunks 128); checks
 the bf16 Pallas outputs against the float32 chunk form; records peak memory of fwd+bwd at
 the longest shape. Writes <out>/benchmarks.json and <out>/benchmarks.md.
 """
@@ -42,6 +42,9 @@ from kernels import ops  # noqa: E402
 
 H, D = 16, 128
 DECODE_B = 64
+# Chunk size of our chunkwise ops (read when traced; BENCH_CHUNK, or --chunks for rows
+# "pallas-cN" beside the default): fla's chunk_gated_delta_rule uses 64.
+CHUNK = int(os.environ.get("BENCH_CHUNK", "64"))
 
 
 # ----------------------------------------------------------------------------- timing
@@ -121,20 +124,20 @@ def la_inputs(key, b, t, dtype=jnp.bfloat16):
 def gdn_fn(impl):
     def f(q, k, v, g, beta):
         if impl == "pallas":
-            return kp.gated_delta_rule(q, k, v, g, beta, chunk_size=64)
+            return kp.gated_delta_rule(q, k, v, g, beta, chunk_size=CHUNK)
         if impl == "pallas-xlaprep":   # Pallas recurrence, XLA chunk preparation
-            return kp.gated_delta_rule(q, k, v, g, beta, chunk_size=64, fused_prep=False)
+            return kp.gated_delta_rule(q, k, v, g, beta, chunk_size=CHUNK, fused_prep=False)
         if impl == "pallas-bv64":      # the recurrence with 64 value columns per program
-            return kp.gated_delta_rule(q, k, v, g, beta, chunk_size=64, block_v_cols=64)
-        return ops.gated_delta_rule(q, k, v, g, beta, impl=impl, chunk_size=64)
+            return kp.gated_delta_rule(q, k, v, g, beta, chunk_size=CHUNK, block_v_cols=64)
+        return ops.gated_delta_rule(q, k, v, g, beta, impl=impl, chunk_size=CHUNK)
     return f
 
 
 def la_fn(impl):
     def f(q, k, v):
         if impl == "pallas":
-            return kp.linear_attention(q, k, v, normalize=True, chunk_size=64)
-        return ops.linear_attention(q, k, v, normalize=True, impl=impl, chunk_size=64)
+            return kp.linear_attention(q, k, v, normalize=True, chunk_size=CHUNK)
+        return ops.linear_attention(q, k, v, normalize=True, impl=impl, chunk_size=CHUNK)
     return f
 
 
@@ -178,7 +181,7 @@ def fwd_bwd(f, ndiff, prep_bwd=None):
 def breakdown(q, k, v, g, beta):
     """Where the GDN forward goes: the chunk preparation (Pallas one-pass vs XLA) alone."""
     from kernels.pallas import gdn
-    c = 64
+    c = CHUNK
     for name, fn in (("prep_pallas", gdn.prep_pallas), ("prep_xla", gdn.prep_xla)):
         s = time_jax(jax.jit(lambda *a: fn(*a, c)), q, k, v, g, beta)
         print(f"# breakdown {name} {q.shape}: {s * 1e3:.3f} ms", flush=True)
@@ -247,6 +250,9 @@ def main():
     ap.add_argument("--segments", default="8",
                     help="comma list of recurrence.SEQ_SEGMENTS values (> 1) to time beside "
                          "the default ('' for none)")
+    ap.add_argument("--chunks", default="",
+                    help="comma list of other chunk sizes to time beside CHUNK (rows "
+                         "'pallas-cN')")
     ap.add_argument("--budget-s", type=float, default=1e9,
                     help="skip the remaining timings after this many seconds (files are "
                          "still written)")
@@ -266,6 +272,7 @@ def main():
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
     skip = set(filter(None, args.skip.split(",")))
     args.segments = [int(x) for x in args.segments.split(",") if x]
+    args.chunks = [int(x) for x in args.chunks.split(",") if x and int(x) != CHUNK]
     chunk_shapes = ({tuple(int(x) for x in s.split("x")) for s in args.chunk_shapes.split(",")}
                     if args.chunk_shapes else set(shapes))
     start = time.perf_counter()
@@ -288,13 +295,15 @@ def main():
               f"{b * t / seconds / 1e6:9.2f} Mtok/s  floor {rec['floor_ms']:.3f} ms", flush=True)
 
     from kernels.pallas import gdn as kp_gdn, intra as kp_intra, recurrence as kp_rec
+    from kernels.pallas import intra_bwd as kp_intra_bwd
     settings = {"prep_bwd": kp_gdn.PREP_BWD, "fused_vjp": kp_gdn.FUSED_VJP,
                 "seq_warps": kp_rec.SEQ_WARPS or "auto",
                 "seq_stages": kp_rec.SEQ_STAGES, "seq_programs": kp_rec.SEQ_PROGRAMS,
                 "min_block_v": kp_rec.MIN_BLOCK_V, "split_fwd": kp_rec.SPLIT_FWD,
                 "grads_warps": kp_rec.GRADS_WARPS, "output_warps": kp_rec.OUTPUT_WARPS,
                 "prep_warps": kp_intra.NUM_WARPS, "split_prep": kp_intra.SPLIT_PREP,
-                "seq_segments": kp_rec.SEQ_SEGMENTS, "seg_stages": kp_rec.SEG_STAGES}
+                "seq_segments": kp_rec.SEQ_SEGMENTS, "seg_stages": kp_rec.SEG_STAGES,
+                "prep_bwd_warps": kp_intra_bwd.NUM_WARPS, "chunk": CHUNK}
     print(f"# kernel settings {settings}")
     run_meta = {"run": 1, "commit": git_commit(), "settings": settings,
                 "copy_bandwidth_TBps": None,
@@ -425,6 +434,10 @@ def main():
             for segs in (args.segments if impl == "pallas" else []):  # two-level scan
                 setting_rows(f"pallas-seg{segs}", kp_rec, "SEQ_SEGMENTS", segs,
                              [("gdn", "fwd"), ("gdn", "fwd+bwd"), ("linear", "fwd")])
+            for c in (args.chunks if impl == "pallas" else []):  # other chunk sizes
+                setting_rows(f"pallas-c{c}", sys.modules[__name__], "CHUNK", c,
+                             [("gdn", "fwd"), ("gdn", "fwd+bwd"), ("linear", "fwd"),
+                              ("linear", "fwd+bwd")])
             if impl == "pallas" and "prep3" not in skip:  # the other intra.SPLIT_PREP
                 setting_rows(f"pallas-prep{1 if kp_intra.SPLIT_PREP else 3}", kp_intra,
                              "SPLIT_PREP", not kp_intra.SPLIT_PREP,
@@ -570,7 +583,8 @@ def markdown(runs):
     noisy, so anchors are re-measured side by side)."""
     lines = ["# Kernel benchmarks", "",
              "Made by scripts/bench_kernels.py from docs/benchmarks.json. bf16 inputs, float32 "
-             "state, H16 D128, chunk 64; median ms of device-synchronised runs after warm-up.",
+             "state, H16 D128, chunk 64 unless the run's settings or the impl (pallas-cN) say "
+             "otherwise; median ms of device-synchronised runs after warm-up.",
              "Anchor (x anchor column): fla forward for `fwd`, cuDNN flash attention for "
              "`fwd+bwd`, fla fused recurrent for `decode`, from the same run. Floor: bytes "
              "read + written over the copy bandwidth measured in the same run.", ""]

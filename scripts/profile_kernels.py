@@ -94,6 +94,47 @@ def profile(fn, args):
     return dict(sorted(per.items(), key=lambda kv: -kv[1])), procs
 
 
+def profile_fla(shapes, top):
+    """fla's chunk_gated_delta_rule forward, kernel by kernel (torch.profiler's CUDA
+    times, ms per call), at each (b, t): where the anchor spends its time, for comparison
+    with ours. Returns {case: {"total_ms", "kernels_ms"}} (empty without torch + fla)."""
+    torch, fops = bk.fla_module()
+    if fops is None:
+        return {}
+    from torch.profiler import ProfilerActivity, profile as tprofile
+    results = {}
+    for b, t in shapes:
+        dev = "cuda"
+        q, k = (torch.nn.functional.normalize(torch.randn(b, t, bk.H, bk.D, device=dev),
+                                              dim=-1).bfloat16() for _ in range(2))
+        v = torch.randn(b, t, bk.H, bk.D, device=dev).bfloat16()
+        g = torch.nn.functional.logsigmoid(torch.randn(b, t, bk.H, device=dev)).float()
+        beta = torch.rand(b, t, bk.H, device=dev).sigmoid().float()
+        with torch.no_grad():
+            for _ in range(3):   # warm-up (Triton autotuning, compilation)
+                fops.chunk_gated_delta_rule(q, k, v, g, beta)
+            torch.cuda.synchronize()
+            with tprofile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(REPS):
+                    fops.chunk_gated_delta_rule(q, k, v, g, beta)
+                torch.cuda.synchronize()
+        per = collections.defaultdict(float)
+        for avg in prof.key_averages():   # kernels are the CUDA-side entries
+            if getattr(avg.device_type, "name", "") == "CUDA":
+                us = getattr(avg, "self_device_time_total", None)
+                us = avg.self_cuda_time_total if us is None else us
+                per[avg.key] += us / REPS / 1e3            # us -> ms per call
+        per = dict(sorted(per.items(), key=lambda kv: -kv[1]))
+        total = sum(per.values())
+        results[f"fla-gdn-fwd {b}x{t}"] = {"total_ms": total, "kernels_ms": per}
+        print(f"\n## fla chunk_gated_delta_rule fwd B{b} T{t}: {total:.3f} ms of CUDA "
+              f"kernel time per call ({len(per)} kernels)")
+        for name, ms in list(per.items())[:top]:
+            print(f"  {ms:8.3f} ms {100 * ms / max(total, 1e-9):5.1f}%  {name[:110]}")
+        sys.stdout.flush()
+    return results
+
+
 def time_gdn_fwd(b, t):
     """Seconds of the Pallas GDN forward at (b, t) (the benchmark's inputs and timer)."""
     xs = bk.gdn_inputs(jax.random.PRNGKey(b * t), b, t)
@@ -169,7 +210,9 @@ SEQ_KNOBS = {"warps": ("recurrence", "SEQ_WARPS", "KERNELS_PALLAS_SEQ_WARPS"),
              "prep_warps": ("intra", "NUM_WARPS", "KERNELS_PALLAS_PREP_WARPS"),
              "split_prep": ("intra", "SPLIT_PREP", "KERNELS_PALLAS_SPLIT_PREP"),
              "segments": ("recurrence", "SEQ_SEGMENTS", "KERNELS_PALLAS_SEQ_SEGMENTS"),
-             "seg_stages": ("recurrence", "SEG_STAGES", "KERNELS_PALLAS_SEG_STAGES")}
+             "seg_stages": ("recurrence", "SEG_STAGES", "KERNELS_PALLAS_SEG_STAGES"),
+             "prep_bwd_warps": ("intra_bwd", "NUM_WARPS", "KERNELS_PALLAS_PREP_BWD_WARPS"),
+             "chunk": ("bench", "CHUNK", "BENCH_CHUNK")}
 
 
 def env_value(value):
@@ -181,21 +224,22 @@ def tune_sequential(out):
     """Settings of the GPU kernels of the GDN op (SEQ_KNOBS: warps and stages of the
     sequential loops, the gradient and output kernels' and the preparation's warps, the
     split forward), one change at a time from the current defaults, each timed side by
-    side on GDN fwd+bwd at B8 T2048 and B2 T8192 and fwd at B1 T32768 (a setting that
+    side on GDN fwd at B8 T2048 and B1 T32768 and fwd+bwd at all three shapes (a setting that
     fails on one shape, e.g. out of shared memory, counts as infinitely slow). Writes
     DIR/seq.json and DIR/best_seq.env (the setting with the least summed time, as the
     environment variables that select it) so a job can benchmark with it."""
-    from kernels.pallas import intra, recurrence
-    mods = {"recurrence": recurrence, "intra": intra}
+    from kernels.pallas import intra, intra_bwd, recurrence
+    mods = {"recurrence": recurrence, "intra": intra, "intra_bwd": intra_bwd, "bench": bk}
     knob = lambda key: (mods[SEQ_KNOBS[key][0]], SEQ_KNOBS[key][1])  # noqa: E731
     default = {key: getattr(*knob(key)) for key in SEQ_KNOBS}
-    settings = [default, {**default, "split_prep": not default["split_prep"]},
-                {**default, "segments": 8 if default["segments"] == 1 else 1},
-                {**default, "segments": 8 if default["segments"] == 1 else 1, "seg_stages": 2},
-                {**default, "output_warps": 8}, {**default, "split": "never"}]
-    cases_ = (("fwd+bwd B8 T2048", time_gdn_fwdbwd, 8, 2048),
+    settings = [default, {**default, "chunk": 128}, {**default, "chunk": 128, "stages": 2},
+                {**default, "prep_bwd_warps": 4}, {**default, "output_warps": 8},
+                {**default, "stages": 2}]
+    cases_ = (("fwd B8 T2048", time_gdn_fwd, 8, 2048),
+              ("fwd+bwd B8 T2048", time_gdn_fwdbwd, 8, 2048),
               ("fwd+bwd B2 T8192", time_gdn_fwdbwd, 2, 8192),
-              ("fwd B1 T32768", time_gdn_fwd, 1, 32768))
+              ("fwd B1 T32768", time_gdn_fwd, 1, 32768),
+              ("fwd+bwd B1 T32768", time_gdn_fwdbwd, 1, 32768))
     rows = []
     for st in settings:
         for key in SEQ_KNOBS:
@@ -234,6 +278,8 @@ def main():
     ap.add_argument("--what", default="gdn-fwd,gdn-fwdbwd,gdn-fwdbwd-xbwd,linear-fwdbwd")
     ap.add_argument("--top", type=int, default=14)
     ap.add_argument("--tune", action="store_true", help="time the tunables instead")
+    ap.add_argument("--fla", action="store_true",
+                    help="also profile fla's chunk_gated_delta_rule forward (torch.profiler)")
     ap.add_argument("--tune-seq", action="store_true",
                     help="time the sequential and gradient kernels' settings instead")
     args = ap.parse_args()
@@ -243,7 +289,8 @@ def main():
     if args.tune_seq:
         tune_sequential(args.out)
         return
-    results = {}
+    shapes = [tuple(int(x) for x in spec.split("x")) for spec in args.shapes.split(",")]
+    results = profile_fla(shapes, args.top) if args.fla else {}
     for spec in args.shapes.split(","):
         b, t = (int(x) for x in spec.split("x"))
         for name, fn, xs in cases(b, t, args.what.split(",")):

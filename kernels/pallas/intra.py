@@ -35,9 +35,11 @@ BS = 16  # rows per diagonal block of the UT transform
 # 8 was slower than 4 on the H200 (GDN fwd 0.64 -> 0.81 ms at B8 T2048).
 NUM_WARPS = int(os.environ.get("KERNELS_PALLAS_PREP_WARPS", "4"))
 # The preparation as three lighter kernels (intra_split.py: K K^T and P, the triangular
-# solve, W and Ut) instead of this one; read when traced. Off until timed on a GPU:
-# KERNELS_PALLAS_SPLIT_PREP=1 or assign SPLIT_PREP = True.
-SPLIT_PREP = os.environ.get("KERNELS_PALLAS_SPLIT_PREP", "0") == "1"
+# solve, W and Ut) instead of this one; read when traced (KERNELS_PALLAS_SPLIT_PREP=0:
+# this one). On by default: faster on the H200 side by side (bench_kernels, session 5
+# call 1, code 9a57cb3): GDN fwd 0.623 -> 0.592 ms (B8 T2048), 0.661 -> 0.618 (B2 T8192),
+# 1.775 -> 1.696 (B1 T32768); fwd+bwd 2.158 -> 2.068, 2.133 -> 2.131, 5.147 -> 4.935 ms.
+SPLIT_PREP = os.environ.get("KERNELS_PALLAS_SPLIT_PREP", "1") == "1"
 
 
 def _mm(a, b, *, tb=False, precision=None):

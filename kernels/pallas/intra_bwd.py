@@ -28,6 +28,7 @@ turns it into that of the per-token log-decays by a reverse cumsum within each c
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -37,7 +38,9 @@ from jax.experimental import pallas as pl
 from kernels.pallas import common
 from kernels.pallas.intra import _decay_mask
 
-NUM_WARPS = 8  # Triton warps per program: no register spills at C64 D128 (4 spill); not timed
+# Triton warps per program: no register spills at C64 D128 (4 spill); read when traced
+# (KERNELS_PALLAS_PREP_BWD_WARPS; profile_kernels --tune-seq times 4 against 8)
+NUM_WARPS = int(os.environ.get("KERNELS_PALLAS_PREP_BWD_WARPS", "8"))
 
 
 def _mm(a, b, *, ta=False, tb=False, precision=None):

@@ -16,13 +16,13 @@ B, T, H, D, C = 1, 128, 2, 64, 64
 
 # (switch module, attribute, value, kernels the GDN gradient program must contain)
 SWITCHES = [
-    (None, None, None, ["gdn_chunk_prep", "linear_chunk_fwd_states", "linear_chunk_fwd_output",
+    (None, None, None, ["gdn_chunk_prep_kkt", "gdn_chunk_prep_solve", "gdn_chunk_prep_wu",
+                        "linear_chunk_fwd_states", "linear_chunk_fwd_output",
                         "linear_chunk_bwd_dstate", "linear_chunk_bwd_grads",
                         "gdn_chunk_prep_bwd"]),
     (recurrence, "SEQ_SEGMENTS", 2, ["linear_chunk_fwd_segment_maps",
                                      "linear_chunk_bwd_segment_maps"]),
-    (intra, "SPLIT_PREP", True, ["gdn_chunk_prep_kkt", "gdn_chunk_prep_solve",
-                                 "gdn_chunk_prep_wu"]),
+    (intra, "SPLIT_PREP", False, ["\"gdn_chunk_prep\""]),
     (recurrence, "SPLIT_FWD", "never", ["\"linear_chunk_fwd\""]),
     (gdn, "FUSED_VJP", False, ["gdn_chunk_prep_bwd"]),
 ]

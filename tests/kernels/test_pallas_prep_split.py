@@ -77,6 +77,7 @@ def prep_kernel_names(*args):
 
 def test_switch_routes_gdn_intra(monkeypatch):
     args = prep_inputs(5, jnp.float32)
+    monkeypatch.setattr(intra, "SPLIT_PREP", False)
     assert prep_kernel_names(*args) == ["gdn_chunk_prep"]
     monkeypatch.setattr(intra, "SPLIT_PREP", True)
     assert prep_kernel_names(*args) == ["gdn_chunk_prep_kkt", "gdn_chunk_prep_solve",
