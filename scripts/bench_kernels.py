@@ -12,7 +12,8 @@ with both preparation backwards side by side ("pallas": the Pallas kernel, the d
 the other setting of gdn.FUSED_VJP ("pallas-fvjp1" / "pallas-fvjp0"; --skip fvjp) and of
 recurrence.SPLIT_FWD ("pallas-split-always": fwd split without a gradient;
 "pallas-split-never": fwd+bwd with a one-loop forward; --skip split) and of
-intra.SPLIT_PREP ("pallas-prep3": the preparation as three kernels; --skip prep3) and
+intra.PREP_KERNELS ("pallas-prepN": the preparation as N kernels, for each N other
+than the default; --skip prep) and
 with the state pass as a two-level scan ("pallas-seg8": recurrence.SEQ_SEGMENTS = 8;
 --segments) and at other chunk sizes ("pallas-c128": --chunks 128); checks
 the bf16 Pallas outputs against the float32 chunk form; records peak memory of fwd+bwd at
@@ -301,7 +302,7 @@ def main():
                 "seq_stages": kp_rec.SEQ_STAGES, "seq_programs": kp_rec.SEQ_PROGRAMS,
                 "min_block_v": kp_rec.MIN_BLOCK_V, "split_fwd": kp_rec.SPLIT_FWD,
                 "grads_warps": kp_rec.GRADS_WARPS, "output_warps": kp_rec.OUTPUT_WARPS,
-                "prep_warps": kp_intra.NUM_WARPS, "split_prep": kp_intra.SPLIT_PREP,
+                "prep_warps": kp_intra.NUM_WARPS, "prep_kernels": kp_intra.PREP_KERNELS,
                 "seq_segments": kp_rec.SEQ_SEGMENTS, "seg_stages": kp_rec.SEG_STAGES,
                 "prep_bwd_warps": kp_intra_bwd.NUM_WARPS, "chunk": CHUNK}
     print(f"# kernel settings {settings}")
@@ -438,10 +439,10 @@ def main():
                 setting_rows(f"pallas-c{c}", sys.modules[__name__], "CHUNK", c,
                              [("gdn", "fwd"), ("gdn", "fwd+bwd"), ("linear", "fwd"),
                               ("linear", "fwd+bwd")])
-            if impl == "pallas" and "prep3" not in skip:  # the other intra.SPLIT_PREP
-                setting_rows(f"pallas-prep{1 if kp_intra.SPLIT_PREP else 3}", kp_intra,
-                             "SPLIT_PREP", not kp_intra.SPLIT_PREP,
-                             [("gdn", "fwd"), ("gdn", "fwd+bwd")])
+            for n_prep in kp_intra.PREP_KERNELS_CHOICES:  # the preparation as n kernels
+                if impl == "pallas" and "prep" not in skip and n_prep != kp_intra.PREP_KERNELS:
+                    setting_rows(f"pallas-prep{n_prep}", kp_intra, "PREP_KERNELS", n_prep,
+                                 [("gdn", "fwd"), ("gdn", "fwd+bwd")])
             if impl == "pallas" and "xbwd" not in skip:  # XLA's preparation backward
                 attempt(f"gdn pallas-xbwd fwd+bwd {b}x{t}", lambda: record(
                     "gdn", "pallas-xbwd", "fwd+bwd", b, t,

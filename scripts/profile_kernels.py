@@ -37,10 +37,10 @@ def split_gdn():
                            "always" if recurrence.SPLIT_FWD == "never" else "never")
 
 
-def prep_gdn():
-    """The Pallas GDN with the other setting of intra.SPLIT_PREP."""
+def prep_gdn(n):
+    """The Pallas GDN with the preparation as n kernels (intra.PREP_KERNELS)."""
     from kernels.pallas import intra
-    return bk.with_setting(bk.gdn_fn("pallas"), intra, "SPLIT_PREP", not intra.SPLIT_PREP)
+    return bk.with_setting(bk.gdn_fn("pallas"), intra, "PREP_KERNELS", n)
 
 
 def cases(b, t, what):
@@ -57,9 +57,11 @@ def cases(b, t, what):
         # splits it into a state pass + an output pass under a gradient only)
         "gdn-fwd-split": lambda: (jax.jit(split_gdn()), (q, k, v, g, beta)),
         "gdn-fwdbwd-split": lambda: (bk.fwd_bwd(split_gdn(), 5), (q, k, v, g, beta, do)),
-        # the other intra.SPLIT_PREP setting (the preparation as one or three kernels)
-        "gdn-fwd-prep": lambda: (jax.jit(prep_gdn()), (q, k, v, g, beta)),
-        "gdn-fwdbwd-prep": lambda: (bk.fwd_bwd(prep_gdn(), 5), (q, k, v, g, beta, do)),
+        # the preparation as 1 or 2 kernels (intra.PREP_KERNELS; the default is 3)
+        **{f"gdn-fwd-prep{n}": (lambda n=n: (jax.jit(prep_gdn(n)), (q, k, v, g, beta)))
+           for n in (1, 2)},
+        **{f"gdn-fwdbwd-prep{n}": (lambda n=n: (bk.fwd_bwd(prep_gdn(n), 5),
+                                                (q, k, v, g, beta, do))) for n in (1, 2)},
     }
     for name in what:
         yield name, *table[name]()
@@ -208,7 +210,7 @@ SEQ_KNOBS = {"warps": ("recurrence", "SEQ_WARPS", "KERNELS_PALLAS_SEQ_WARPS"),
              "output_warps": ("recurrence", "OUTPUT_WARPS", "KERNELS_PALLAS_OUTPUT_WARPS"),
              "split": ("recurrence", "SPLIT_FWD", "KERNELS_PALLAS_SPLIT_FWD"),
              "prep_warps": ("intra", "NUM_WARPS", "KERNELS_PALLAS_PREP_WARPS"),
-             "split_prep": ("intra", "SPLIT_PREP", "KERNELS_PALLAS_SPLIT_PREP"),
+             "prep_kernels": ("intra", "PREP_KERNELS", "KERNELS_PALLAS_PREP_KERNELS"),
              "segments": ("recurrence", "SEQ_SEGMENTS", "KERNELS_PALLAS_SEQ_SEGMENTS"),
              "seg_stages": ("recurrence", "SEG_STAGES", "KERNELS_PALLAS_SEG_STAGES"),
              "prep_bwd_warps": ("intra_bwd", "NUM_WARPS", "KERNELS_PALLAS_PREP_BWD_WARPS"),
@@ -232,9 +234,9 @@ def tune_sequential(out):
     mods = {"recurrence": recurrence, "intra": intra, "intra_bwd": intra_bwd, "bench": bk}
     knob = lambda key: (mods[SEQ_KNOBS[key][0]], SEQ_KNOBS[key][1])  # noqa: E731
     default = {key: getattr(*knob(key)) for key in SEQ_KNOBS}
-    settings = [default, {**default, "chunk": 128}, {**default, "chunk": 128, "stages": 2},
-                {**default, "prep_bwd_warps": 4}, {**default, "output_warps": 8},
-                {**default, "stages": 2}]
+    # (chunk 128 ran out of shared memory at 3 and at 2 stages in session 5, call 2)
+    settings = [default, {**default, "prep_kernels": 2}, {**default, "prep_bwd_warps": 4},
+                {**default, "output_warps": 8}, {**default, "stages": 2}]
     cases_ = (("fwd B8 T2048", time_gdn_fwd, 8, 2048),
               ("fwd+bwd B8 T2048", time_gdn_fwdbwd, 8, 2048),
               ("fwd+bwd B2 T8192", time_gdn_fwdbwd, 2, 8192),
@@ -279,7 +281,8 @@ def main():
     ap.add_argument("--top", type=int, default=14)
     ap.add_argument("--tune", action="store_true", help="time the tunables instead")
     ap.add_argument("--fla", action="store_true",
-                    help="also profile fla's chunk_gated_delta_rule forward (torch.profiler)")
+                    help="profile fla's chunk_gated_delta_rule forward instead "
+                         "(torch.profiler; in its own process: it holds CUPTI)")
     ap.add_argument("--tune-seq", action="store_true",
                     help="time the sequential and gradient kernels' settings instead")
     args = ap.parse_args()
@@ -289,8 +292,15 @@ def main():
     if args.tune_seq:
         tune_sequential(args.out)
         return
-    shapes = [tuple(int(x) for x in spec.split("x")) for spec in args.shapes.split(",")]
-    results = profile_fla(shapes, args.top) if args.fla else {}
+    if args.fla:  # alone: torch's profiler holds CUPTI, so a JAX trace after it is empty
+        shapes = [tuple(int(x) for x in spec.split("x")) for spec in args.shapes.split(",")]
+        results = profile_fla(shapes, args.top)
+        if args.out:
+            pathlib.Path(args.out).mkdir(parents=True, exist_ok=True)
+            (pathlib.Path(args.out) / "profile_fla.json").write_text(
+                json.dumps(results, indent=1))
+        return
+    results = {}
     for spec in args.shapes.split(","):
         b, t = (int(x) for x in spec.split("x"))
         for name, fn, xs in cases(b, t, args.what.split(",")):

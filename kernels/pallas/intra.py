@@ -34,12 +34,16 @@ BS = 16  # rows per diagonal block of the UT transform
 # Warps per program; read when traced (KERNELS_PALLAS_PREP_WARPS; profile_kernels --tune).
 # 8 was slower than 4 on the H200 (GDN fwd 0.64 -> 0.81 ms at B8 T2048).
 NUM_WARPS = int(os.environ.get("KERNELS_PALLAS_PREP_WARPS", "4"))
-# The preparation as three lighter kernels (intra_split.py: K K^T and P, the triangular
-# solve, W and Ut) instead of this one; read when traced (KERNELS_PALLAS_SPLIT_PREP=0:
-# this one). On by default: faster on the H200 side by side (bench_kernels, session 5
-# call 1, code 9a57cb3): GDN fwd 0.623 -> 0.592 ms (B8 T2048), 0.661 -> 0.618 (B2 T8192),
+# How many kernels the preparation is (read when traced; KERNELS_PALLAS_PREP_KERNELS):
+#   1: this module's one kernel;
+#   3: intra_split.py's three lighter ones (K K^T and P; the triangular solve; W and Ut);
+#   2: intra_split.py's K K^T, P and the solve in one kernel, then W and Ut (no A round
+#      trip through memory; X in the input dtype when no backward needs it).
+# 3 by default: faster than 1 on the H200 side by side (bench_kernels, session 5 call 1,
+# code 9a57cb3): GDN fwd 0.623 -> 0.592 ms (B8 T2048), 0.661 -> 0.618 (B2 T8192),
 # 1.775 -> 1.696 (B1 T32768); fwd+bwd 2.158 -> 2.068, 2.133 -> 2.131, 5.147 -> 4.935 ms.
-SPLIT_PREP = os.environ.get("KERNELS_PALLAS_SPLIT_PREP", "1") == "1"
+PREP_KERNELS_CHOICES = (1, 2, 3)
+PREP_KERNELS = int(os.environ.get("KERNELS_PALLAS_PREP_KERNELS", "3"))
 
 
 def _mm(a, b, *, tb=False, precision=None):
@@ -73,6 +77,20 @@ def _block_inverse(a_block, nb):
             acc = _sum(_mm(a_row[m], x[m, j], precision=hi) for m in range(j, i))
             x[i, j] = -_mm(x[i, i], acc, precision=hi)
     return x
+
+
+def _a_blocks(k_of, g_of, b_of, prec):
+    """a_block(i, j) for _block_inverse: A_ij = beta_i exp(G_i - G_j) (K_i K_j^T), strictly
+    lower on the diagonal, from the 16-row blocks k_of(i), g_of(i), b_of(i)."""
+    r16 = lax.broadcasted_iota(jnp.int32, (BS, BS), 0)
+    c16 = lax.broadcasted_iota(jnp.int32, (BS, BS), 1)
+
+    def a_block(i, j):
+        mask = (r16 > c16) if i == j else (r16 >= 0)
+        diff = jnp.where(mask, g_of(i)[:, None] - g_of(j)[None, :], -jnp.inf)
+        return b_of(i)[:, None] * jnp.exp(diff) * _mm(k_of(i), k_of(j), tb=True,
+                                                       precision=prec)
+    return a_block
 
 
 def _unit_lower_inverse(n_mat):
@@ -117,16 +135,7 @@ def _intra_kernel(q_ref, k_ref, v_ref, g_ref, b_ref,
         rhs_k.append((k_i.astype(f32) * (b_i * jnp.exp(g_i))[:, None]).astype(dt))
         rhs_v.append((v_ref[rows_i, :].astype(f32) * b_i[:, None]).astype(dt))
 
-    r16 = lax.broadcasted_iota(jnp.int32, (BS, BS), 0)
-    c16 = lax.broadcasted_iota(jnp.int32, (BS, BS), 1)
-
-    def a_block(i, j):
-        """A_ij = beta_i exp(G_i - G_j) (K_i K_j^T), strictly lower on the diagonal."""
-        mask = (r16 > c16) if i == j else (r16 >= 0)
-        diff = jnp.where(mask, gb[i][:, None] - gb[j][None, :], -jnp.inf)
-        return bb[i][:, None] * jnp.exp(diff) * _mm(kb[i], kb[j], tb=True, precision=prec)
-
-    x = _block_inverse(a_block, nb)
+    x = _block_inverse(_a_blocks(kb.__getitem__, gb.__getitem__, bb.__getitem__, prec), nb)
 
     for i in range(nb):
         rows_i = pl.ds(i * BS, BS)
@@ -146,9 +155,13 @@ def gdn_intra(q, k, v, big_g, beta, *, chunk, with_inverse=True):
     with_inverse only, the float32 inverse X = (I + A)^-1 per chunk as (B*H, Tp, C): the
     backward's stand-in for the triangular solve, 256 bytes per token and head that a
     forward without gradients need not write."""
-    if SPLIT_PREP:
+    if PREP_KERNELS not in PREP_KERNELS_CHOICES:
+        raise ValueError(f"kernels.pallas.intra.PREP_KERNELS (env KERNELS_PALLAS_PREP_KERNELS)"
+                         f" is {PREP_KERNELS!r}; valid: {PREP_KERNELS_CHOICES}")
+    if PREP_KERNELS > 1:
         from kernels.pallas.intra_split import gdn_intra_split  # (it imports this module)
-        return gdn_intra_split(q, k, v, big_g, beta, chunk=chunk, with_inverse=with_inverse)
+        return gdn_intra_split(q, k, v, big_g, beta, chunk=chunk, with_inverse=with_inverse,
+                               kernels=PREP_KERNELS)
     b, tp, h, kdim = q.shape
     vdim = v.shape[-1]
     n = tp // chunk

@@ -1,21 +1,27 @@
-"""The gated delta rule's per-chunk preparation as three light Pallas (Triton) kernels
-instead of intra.py's one (switch `intra.SPLIT_PREP`; same outputs, same math).
+"""The gated delta rule's per-chunk preparation as two or three light Pallas (Triton)
+kernels instead of intra.py's one (switch `intra.PREP_KERNELS`; same outputs, same math).
 
 intra.py's one program per (head, chunk) holds q, k, v tiles and runs the UT transform as
 ~40 dependent 16 x 16 products, so few programs fit on an SM and the chain's latency is
 not hidden (on the H200 it runs at ~3.6x its memory floor). Here, per (head, chunk):
 
+    three kernels (PREP_KERNELS = 3):
     1. _kkt_kernel:   P = (Q K^T) * D,  A = strict_lower(beta_t D_ts (K K^T)_ts),  G_C
                       (two C x C x K dots; A written in float32)
     2. _solve_kernel: X = (I + A)^-1 from A's 16 x 16 blocks (intra._block_inverse: the
-                      same blocked inverse as the one-kernel preparation), written in
-                      float32: the small-register part, so many programs share an SM
+                      same blocked inverse as the one-kernel preparation): the
+                      small-register part, so many programs share an SM
     3. _wu_kernel:    W = X diag(beta gamma) K,  Ut = X diag(beta) V  (two C x C x D dots)
 
-D_ts = exp(G_t - G_s) for s <= t (0 above), gamma = exp(G). The price is writing and
-reading A and X (2 x 4 C bytes per token and head each way; X is written anyway under a
-gradient, which the backward reads). Mirrors the kernel split of fla's chunk_gated_delta_rule
-preparation (scaled K K^T, triangular solve, W/U recompute); our own code.
+    two kernels (PREP_KERNELS = 2; the split of fla's chunk_gated_delta_rule forward,
+    whose K K^T and solve kernel is one):
+    1. _kkt_solve_kernel: P, G_C and X, A's blocks formed from 16-row blocks of K as the
+                      solve needs them (A never goes through memory)
+    2. _wu_kernel
+
+D_ts = exp(G_t - G_s) for s <= t (0 above), gamma = exp(G). X is written in float32 when
+a backward needs it (with_inverse; it reads X), else in the input dtype: _wu_kernel
+multiplies in the input dtype either way, so the outputs are the same. Our own code.
 """
 from __future__ import annotations
 
@@ -26,11 +32,12 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from kernels.pallas import common
-from kernels.pallas.intra import BS, _block_inverse, _decay_mask, _mm
+from kernels.pallas.intra import BS, _a_blocks, _block_inverse, _decay_mask, _mm
 
-# Warps per program of the three kernels; read when traced (untuned).
+# Warps per program of the kernels; read when traced (untuned).
 KKT_WARPS = 4
 SOLVE_WARPS = 1
+KKT_SOLVE_WARPS = 4
 WU_WARPS = 4
 
 
@@ -45,13 +52,33 @@ def _kkt_kernel(q_ref, k_ref, g_ref, b_ref, p_ref, a_ref, gcl_ref, *, chunk):
     gcl_ref[...] = g_ref[pl.ds(chunk - 1, 1)][None, :]
 
 
-def _solve_kernel(a_ref, x_ref, *, chunk):
-    nb = chunk // BS
-    x = _block_inverse(lambda i, m: a_ref[pl.ds(i * BS, BS), pl.ds(m * BS, BS)], nb)
+def _write_inverse(x_ref, x, nb):
+    """X's 16 x 16 blocks (zeros above the diagonal) into x_ref, in its dtype."""
     for i in range(nb):
         for j in range(nb):
             x_ref[pl.ds(i * BS, BS), pl.ds(j * BS, BS)] = (
-                x[i, j] if j <= i else jnp.zeros((BS, BS), jnp.float32))
+                x[i, j] if j <= i else jnp.zeros((BS, BS), jnp.float32)).astype(x_ref.dtype)
+
+
+def _solve_kernel(a_ref, x_ref, *, chunk):
+    nb = chunk // BS
+    x = _block_inverse(lambda i, m: a_ref[pl.ds(i * BS, BS), pl.ds(m * BS, BS)], nb)
+    _write_inverse(x_ref, x, nb)
+
+
+def _kkt_solve_kernel(q_ref, k_ref, g_ref, b_ref, p_ref, gcl_ref, x_ref, *, chunk):
+    prec = common.dot_precision(k_ref.dtype)
+    dmat = _decay_mask(g_ref[...], chunk)[0]
+    p_ref[...] = (_mm(q_ref[...], k_ref[...], tb=True, precision=prec)
+                  * dmat).astype(p_ref.dtype)
+    gcl_ref[...] = g_ref[pl.ds(chunk - 1, 1)][None, :]
+    # A's blocks from 16-row blocks re-read from the refs (cache hits), so no whole K tile
+    # stays live through the solve's chain of small products
+    block = lambda ref: lambda i: ref[pl.ds(i * BS, BS)]  # noqa: E731
+    rows = lambda i: k_ref[pl.ds(i * BS, BS), :]  # noqa: E731
+    nb = chunk // BS
+    _write_inverse(x_ref, _block_inverse(_a_blocks(rows, block(g_ref), block(b_ref), prec),
+                                         nb), nb)
 
 
 def _wu_kernel(x_ref, k_ref, v_ref, g_ref, b_ref, w_ref, ut_ref):
@@ -66,8 +93,11 @@ def _wu_kernel(x_ref, k_ref, v_ref, g_ref, b_ref, w_ref, ut_ref):
     ut_ref[...] = _mm(xd, rhs_v, precision=prec).astype(ut_ref.dtype)
 
 
-def gdn_intra_split(q, k, v, big_g, beta, *, chunk, with_inverse=True):
-    """intra.gdn_intra's contract (same arguments, outputs and layouts), in three calls."""
+def gdn_intra_split(q, k, v, big_g, beta, *, chunk, with_inverse=True, kernels=3):
+    """intra.gdn_intra's contract (same arguments, outputs and layouts), in `kernels` (2 or
+    3) calls."""
+    if kernels not in (2, 3):
+        raise ValueError(f"gdn_intra_split: kernels must be 2 or 3, got {kernels!r}")
     b, tp, h, kdim = q.shape
     vdim = v.shape[-1]
     n = tp // chunk
@@ -78,21 +108,31 @@ def gdn_intra_split(q, k, v, big_g, beta, *, chunk, with_inverse=True):
     tok, per_tok, rows, one = spec.token, spec.per_token, spec.rows, spec.scalar
     params = lambda warps: common.compiler_params("gpu", num_warps=warps,  # noqa: E731
                                                   num_stages=1)
-    p, a, gcl = pl.pallas_call(
-        functools.partial(_kkt_kernel, chunk=chunk), grid=grid,
-        in_specs=[tok(kdim), tok(kdim), per_tok, per_tok],
-        out_specs=[rows(chunk), rows(chunk), one],
-        out_shape=[jax.ShapeDtypeStruct((b * h, tp, chunk), dt),
-                   jax.ShapeDtypeStruct((b * h, tp, chunk), f32),
-                   jax.ShapeDtypeStruct((b * h, n, 1, 1), f32)],
-        interpret=common.interpret(), compiler_params=params(KKT_WARPS),
-        name="gdn_chunk_prep_kkt")(q, k, big_g, beta)
-    x = pl.pallas_call(
-        functools.partial(_solve_kernel, chunk=chunk), grid=grid,
-        in_specs=[rows(chunk)], out_specs=rows(chunk),
-        out_shape=jax.ShapeDtypeStruct((b * h, tp, chunk), f32),
-        interpret=common.interpret(), compiler_params=params(SOLVE_WARPS),
-        name="gdn_chunk_prep_solve")(a)
+    p_shape = jax.ShapeDtypeStruct((b * h, tp, chunk), dt)
+    gcl_shape = jax.ShapeDtypeStruct((b * h, n, 1, 1), f32)
+    # X in float32 for the backward, else in the dtype _wu_kernel multiplies it in
+    x_shape = jax.ShapeDtypeStruct((b * h, tp, chunk), f32 if with_inverse else dt)
+    if kernels == 2:
+        p, gcl, x = pl.pallas_call(
+            functools.partial(_kkt_solve_kernel, chunk=chunk), grid=grid,
+            in_specs=[tok(kdim), tok(kdim), per_tok, per_tok],
+            out_specs=[rows(chunk), one, rows(chunk)],
+            out_shape=[p_shape, gcl_shape, x_shape],
+            interpret=common.interpret(), compiler_params=params(KKT_SOLVE_WARPS),
+            name="gdn_chunk_prep_kkt_solve")(q, k, big_g, beta)
+    else:
+        p, a, gcl = pl.pallas_call(
+            functools.partial(_kkt_kernel, chunk=chunk), grid=grid,
+            in_specs=[tok(kdim), tok(kdim), per_tok, per_tok],
+            out_specs=[rows(chunk), rows(chunk), one],
+            out_shape=[p_shape, jax.ShapeDtypeStruct((b * h, tp, chunk), f32), gcl_shape],
+            interpret=common.interpret(), compiler_params=params(KKT_WARPS),
+            name="gdn_chunk_prep_kkt")(q, k, big_g, beta)
+        x = pl.pallas_call(
+            functools.partial(_solve_kernel, chunk=chunk), grid=grid,
+            in_specs=[rows(chunk)], out_specs=rows(chunk), out_shape=x_shape,
+            interpret=common.interpret(), compiler_params=params(SOLVE_WARPS),
+            name="gdn_chunk_prep_solve")(a)
     w, ut = pl.pallas_call(
         _wu_kernel, grid=grid,
         in_specs=[rows(chunk), tok(kdim), tok(vdim), per_tok, per_tok],

@@ -22,7 +22,8 @@ SWITCHES = [
                         "gdn_chunk_prep_bwd"]),
     (recurrence, "SEQ_SEGMENTS", 2, ["linear_chunk_fwd_segment_maps",
                                      "linear_chunk_bwd_segment_maps"]),
-    (intra, "SPLIT_PREP", False, ["\"gdn_chunk_prep\""]),
+    (intra, "PREP_KERNELS", 1, ["\"gdn_chunk_prep\""]),
+    (intra, "PREP_KERNELS", 2, ["gdn_chunk_prep_kkt_solve", "gdn_chunk_prep_wu"]),
     (recurrence, "SPLIT_FWD", "never", ["\"linear_chunk_fwd\""]),
     (gdn, "FUSED_VJP", False, ["gdn_chunk_prep_bwd"]),
 ]

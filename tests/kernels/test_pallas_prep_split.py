@@ -1,6 +1,7 @@
-"""intra.SPLIT_PREP: the GDN preparation as three kernels (intra_split.py) computes what
-the one-kernel preparation (intra.py) does, and its inverse X is (I + A)^-1 against a
-float64 NumPy reference. Interpret mode on CPU (the kernels are GPU programs)."""
+"""intra.PREP_KERNELS: the GDN preparation as two or three kernels (intra_split.py)
+computes what the one-kernel preparation (intra.py) does, and its inverse X is
+(I + A)^-1 against a float64 NumPy reference. Interpret mode on CPU (the kernels are GPU
+programs)."""
 import numpy as np
 import pytest
 
@@ -37,26 +38,31 @@ def rel(a, b):
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
+@pytest.mark.parametrize("kernels", [2, 3])
 @pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-6), (jnp.bfloat16, 1e-2)])
 @pytest.mark.parametrize("edges", [False, True])
-def test_split_preparation_equals_the_one_kernel(dtype, tol, edges):
+def test_split_preparation_equals_the_one_kernel(dtype, tol, edges, kernels, monkeypatch):
     args = prep_inputs(3, dtype, edges)
+    monkeypatch.setattr(intra, "PREP_KERNELS", 1)
     one = intra.gdn_intra(*args, chunk=C, with_inverse=True)
-    three = gdn_intra_split(*args, chunk=C, with_inverse=True)
+    three = gdn_intra_split(*args, chunk=C, with_inverse=True, kernels=kernels)
     names = ["w", "ut", "p", "gcl", "inverse"]
     assert len(one) == len(three) == 5
     for name, a, b in zip(names, three, one):
         assert a.shape == b.shape and a.dtype == b.dtype, name
         assert rel(a, b) <= tol, (name, rel(a, b))
-    lean = gdn_intra_split(*args, chunk=C, with_inverse=False)
+    # without the inverse (X then in the input dtype) the outputs are bit for bit the same
+    lean = gdn_intra_split(*args, chunk=C, with_inverse=False, kernels=kernels)
     assert len(lean) == 4
     for a, b in zip(lean, three):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-def test_split_inverse_is_the_float64_inverse():
+@pytest.mark.parametrize("kernels", [2, 3])
+def test_split_inverse_is_the_float64_inverse(kernels):
     q, k, v, big_g, beta = prep_inputs(4, jnp.float32)
-    x = np.asarray(gdn_intra_split(q, k, v, big_g, beta, chunk=C)[-1], np.float64)
+    x = np.asarray(gdn_intra_split(q, k, v, big_g, beta, chunk=C, kernels=kernels)[-1],
+                   np.float64)
     x = x.reshape(B, H, TP // C, C, C)
     kk = np.moveaxis(np.asarray(k, np.float64), 2, 1).reshape(B, H, TP // C, C, K)
     gg = np.moveaxis(np.asarray(big_g, np.float64), 2, 1).reshape(B, H, TP // C, C)
@@ -77,8 +83,13 @@ def prep_kernel_names(*args):
 
 def test_switch_routes_gdn_intra(monkeypatch):
     args = prep_inputs(5, jnp.float32)
-    monkeypatch.setattr(intra, "SPLIT_PREP", False)
+    monkeypatch.setattr(intra, "PREP_KERNELS", 1)
     assert prep_kernel_names(*args) == ["gdn_chunk_prep"]
-    monkeypatch.setattr(intra, "SPLIT_PREP", True)
+    monkeypatch.setattr(intra, "PREP_KERNELS", 2)
+    assert prep_kernel_names(*args) == ["gdn_chunk_prep_kkt_solve", "gdn_chunk_prep_wu"]
+    monkeypatch.setattr(intra, "PREP_KERNELS", 3)
     assert prep_kernel_names(*args) == ["gdn_chunk_prep_kkt", "gdn_chunk_prep_solve",
                                         "gdn_chunk_prep_wu"]
+    monkeypatch.setattr(intra, "PREP_KERNELS", 4)
+    with pytest.raises(ValueError, match="PREP_KERNELS"):
+        prep_kernel_names(*args)
