@@ -214,7 +214,9 @@ SEQ_KNOBS = {"warps": ("recurrence", "SEQ_WARPS", "KERNELS_PALLAS_SEQ_WARPS"),
              "segments": ("recurrence", "SEQ_SEGMENTS", "KERNELS_PALLAS_SEQ_SEGMENTS"),
              "seg_stages": ("recurrence", "SEG_STAGES", "KERNELS_PALLAS_SEG_STAGES"),
              "prep_bwd_warps": ("intra_bwd", "NUM_WARPS", "KERNELS_PALLAS_PREP_BWD_WARPS"),
-             "chunk": ("bench", "CHUNK", "BENCH_CHUNK")}
+             "chunk": ("bench", "CHUNK", "BENCH_CHUNK"),
+             "solve_warps": ("intra_split", "SOLVE_WARPS", "KERNELS_PALLAS_SOLVE_WARPS"),
+             "diag_inverse": ("intra", "DIAG_INVERSE", "KERNELS_PALLAS_DIAG_INVERSE")}
 
 
 def env_value(value):
@@ -222,26 +224,51 @@ def env_value(value):
     return int(value) if isinstance(value, bool) else value
 
 
-def tune_sequential(out):
+def tune_settings(name, default):
+    """The settings a --tune-seq run compares (name: --settings), each one change from
+    the defaults, and the cases it times them on."""
+    if name == "prep":   # the triangular solve of the preparation, in the forward
+        return ([default, {**default, "solve_warps": 2}, {**default, "solve_warps": 4},
+                 {**default, "diag_inverse": "rows"},
+                 {**default, "diag_inverse": "rows", "solve_warps": 4}],
+                (("fwd B8 T2048", time_gdn_fwd, 8, 2048),
+                 ("fwd B2 T8192", time_gdn_fwd, 2, 8192),
+                 ("fwd B1 T32768", time_gdn_fwd, 1, 32768)))
+    # (chunk 128 ran out of shared memory at 3 and at 2 stages in session 5, call 2)
+    return ([default, {**default, "prep_kernels": 2}, {**default, "prep_bwd_warps": 4},
+             {**default, "output_warps": 8}, {**default, "stages": 2}],
+            (("fwd B8 T2048", time_gdn_fwd, 8, 2048),
+             ("fwd+bwd B8 T2048", time_gdn_fwdbwd, 8, 2048),
+             ("fwd+bwd B2 T8192", time_gdn_fwdbwd, 2, 8192),
+             ("fwd B1 T32768", time_gdn_fwd, 1, 32768),
+             ("fwd+bwd B1 T32768", time_gdn_fwdbwd, 1, 32768)))
+
+
+def fla_anchor_rows(cases_):
+    """fla's chunk_gated_delta_rule forward at the cases' forward shapes, timed in this
+    process (bench_kernels' inputs and timer): {case: ms}."""
+    torch, fops = bk.fla_module()
+    if fops is None:
+        return {}
+    return {name: bk.fla_rows(torch, fops, b, t)["gdn"] * 1e3
+            for name, timer, b, t in cases_ if timer is time_gdn_fwd}
+
+
+def tune_sequential(out, which="seq", fla=False):
     """Settings of the GPU kernels of the GDN op (SEQ_KNOBS: warps and stages of the
-    sequential loops, the gradient and output kernels' and the preparation's warps, the
-    split forward), one change at a time from the current defaults, each timed side by
-    side on GDN fwd at B8 T2048 and B1 T32768 and fwd+bwd at all three shapes (a setting that
-    fails on one shape, e.g. out of shared memory, counts as infinitely slow). Writes
+    sequential loops, the gradient, output, preparation and solve kernels' warps, the
+    split forward, the diagonal-block inverse, ...), one change at a time from the current
+    defaults (tune_settings(which): the settings and the cases), each timed side by side
+    (a setting that fails on one shape, e.g. out of shared memory, counts as infinitely
+    slow); fla: fla's forward too, at the forward cases' shapes. Writes
     DIR/seq.json and DIR/best_seq.env (the setting with the least summed time, as the
     environment variables that select it) so a job can benchmark with it."""
-    from kernels.pallas import intra, intra_bwd, recurrence
-    mods = {"recurrence": recurrence, "intra": intra, "intra_bwd": intra_bwd, "bench": bk}
+    from kernels.pallas import intra, intra_bwd, intra_split, recurrence
+    mods = {"recurrence": recurrence, "intra": intra, "intra_bwd": intra_bwd,
+            "intra_split": intra_split, "bench": bk}
     knob = lambda key: (mods[SEQ_KNOBS[key][0]], SEQ_KNOBS[key][1])  # noqa: E731
     default = {key: getattr(*knob(key)) for key in SEQ_KNOBS}
-    # (chunk 128 ran out of shared memory at 3 and at 2 stages in session 5, call 2)
-    settings = [default, {**default, "prep_kernels": 2}, {**default, "prep_bwd_warps": 4},
-                {**default, "output_warps": 8}, {**default, "stages": 2}]
-    cases_ = (("fwd B8 T2048", time_gdn_fwd, 8, 2048),
-              ("fwd+bwd B8 T2048", time_gdn_fwdbwd, 8, 2048),
-              ("fwd+bwd B2 T8192", time_gdn_fwdbwd, 2, 8192),
-              ("fwd B1 T32768", time_gdn_fwd, 1, 32768),
-              ("fwd+bwd B1 T32768", time_gdn_fwdbwd, 1, 32768))
+    settings, cases_ = tune_settings(which, default)
     rows = []
     for st in settings:
         for key in SEQ_KNOBS:
@@ -263,7 +290,16 @@ def tune_sequential(out):
             (d / "seq.json").write_text(json.dumps(rows, indent=1))
     for key in SEQ_KNOBS:
         setattr(*knob(key), default[key])
-    best = min(rows, key=lambda r: sum(r[name] for name, *_ in cases_))
+    if fla:  # the anchor, side by side, after ours
+        anchor = fla_anchor_rows(cases_)
+        rows.append({"impl": "fla", **anchor})
+        print("  fla: " + ", ".join(f"{k} {v:.3f} ms" for k, v in anchor.items()), flush=True)
+        rows_ours = rows[:-1]
+    else:
+        rows_ours = rows
+    if out:
+        (pathlib.Path(out) / "seq.json").write_text(json.dumps(rows, indent=1))
+    best = min(rows_ours, key=lambda r: sum(r[name] for name, *_ in cases_))
     print(f"  best: {best}", flush=True)
     if out:
         (pathlib.Path(out) / "best_seq.env").write_text(
@@ -280,9 +316,12 @@ def main():
     ap.add_argument("--what", default="gdn-fwd,gdn-fwdbwd,gdn-fwdbwd-xbwd,linear-fwdbwd")
     ap.add_argument("--top", type=int, default=14)
     ap.add_argument("--tune", action="store_true", help="time the tunables instead")
+    ap.add_argument("--settings", default="seq", choices=("seq", "prep"),
+                    help="which settings --tune-seq compares (tune_settings)")
     ap.add_argument("--fla", action="store_true",
                     help="profile fla's chunk_gated_delta_rule forward instead "
-                         "(torch.profiler; in its own process: it holds CUPTI)")
+                         "(torch.profiler; in its own process: it holds CUPTI); with "
+                         "--tune-seq, time it beside the settings")
     ap.add_argument("--tune-seq", action="store_true",
                     help="time the sequential and gradient kernels' settings instead")
     args = ap.parse_args()
@@ -290,7 +329,7 @@ def main():
         tune(args.out)
         return
     if args.tune_seq:
-        tune_sequential(args.out)
+        tune_sequential(args.out, args.settings, args.fla)
         return
     if args.fla:  # alone: torch's profiler holds CUPTI, so a JAX trace after it is empty
         shapes = [tuple(int(x) for x in spec.split("x")) for spec in args.shapes.split(",")]

@@ -64,14 +64,28 @@ def _decay_mask(g, chunk):
     return jnp.exp(jnp.where(rows >= cols, g[:, None] - g[None, :], -jnp.inf)), rows, cols
 
 
+# How _block_inverse inverts each 16 x 16 unit-lower diagonal block (read when traced;
+# KERNELS_PALLAS_DIAG_INVERSE): "power", (I - N)(I + N^2)(I + N^4)(I + N^8), six
+# dependent-in-pairs 16 x 16 float32 products; or "rows", forward substitution one row
+# at a time with elementwise products and sums (no matrix products; what fla's
+# solve_tril does for its 16 x 16 blocks). "power" until "rows" is timed on a GPU.
+DIAG_INVERSE_CHOICES = ("power", "rows")
+DIAG_INVERSE = os.environ.get("KERNELS_PALLAS_DIAG_INVERSE", "power")
+
+
 def _block_inverse(a_block, nb):
     """X = (I + A)^-1 as a dict of its 16 x 16 blocks X_ij (j <= i), A strictly lower with
     blocks a_block(i, m) (m <= i): each diagonal block by _unit_lower_inverse, the ones
     below by block forward substitution X_ij = -X_ii sum_{j <= m < i} A_im X_mj."""
     hi = lax.Precision.HIGHEST
+    if DIAG_INVERSE not in DIAG_INVERSE_CHOICES:
+        raise ValueError(f"kernels.pallas.intra.DIAG_INVERSE (env KERNELS_PALLAS_DIAG_INVERSE)"
+                         f" is {DIAG_INVERSE!r}; valid: {DIAG_INVERSE_CHOICES}")
+    diag_inverse = (_unit_lower_inverse if DIAG_INVERSE == "power"
+                    else _unit_lower_inverse_rows)
     x = {}
     for i in range(nb):
-        x[i, i] = _unit_lower_inverse(a_block(i, i))
+        x[i, i] = diag_inverse(a_block(i, i))
         a_row = {m: a_block(i, m) for m in range(i)}
         for j in range(i - 1, -1, -1):
             acc = _sum(_mm(a_row[m], x[m, j], precision=hi) for m in range(j, i))
@@ -91,6 +105,20 @@ def _a_blocks(k_of, g_of, b_of, prec):
         return b_of(i)[:, None] * jnp.exp(diff) * _mm(k_of(i), k_of(j), tb=True,
                                                        precision=prec)
     return a_block
+
+
+def _unit_lower_inverse_rows(n_mat):
+    """(I + N)^-1 for a strictly lower-triangular 16 x 16 N, in float32, by forward
+    substitution: row r of X is e_r - sum_{c < r} N_rc X_c (rows r.. of X are still
+    identity rows while row r is formed, and N_rc = 0 for c >= r)."""
+    rows = lax.broadcasted_iota(jnp.int32, (BS, BS), 0)
+    cols = lax.broadcasted_iota(jnp.int32, (BS, BS), 1)
+    x = (rows == cols).astype(jnp.float32)
+    for r in range(1, BS):
+        n_r = jnp.sum(jnp.where(rows == r, n_mat, 0.0), axis=0)      # N_r. over c
+        row = jnp.sum(n_r[:, None] * x, axis=0)                      # sum_c N_rc X_c.
+        x = jnp.where(rows == r, x - row[None, :], x)
+    return x
 
 
 def _unit_lower_inverse(n_mat):

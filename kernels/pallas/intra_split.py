@@ -26,6 +26,7 @@ multiplies in the input dtype either way, so the outputs are the same. Our own c
 from __future__ import annotations
 
 import functools
+import os
 
 import jax
 import jax.numpy as jnp
@@ -34,9 +35,10 @@ from jax.experimental import pallas as pl
 from kernels.pallas import common
 from kernels.pallas.intra import BS, _a_blocks, _block_inverse, _decay_mask, _mm
 
-# Warps per program of the kernels; read when traced (untuned).
+# Warps per program of the kernels; read when traced (untuned; the solve's:
+# KERNELS_PALLAS_SOLVE_WARPS, which profile_kernels --tune-seq --settings prep times).
 KKT_WARPS = 4
-SOLVE_WARPS = 1
+SOLVE_WARPS = int(os.environ.get("KERNELS_PALLAS_SOLVE_WARPS", "1"))
 KKT_SOLVE_WARPS = 4
 WU_WARPS = 4
 

@@ -24,6 +24,7 @@ SWITCHES = [
                                      "linear_chunk_bwd_segment_maps"]),
     (intra, "PREP_KERNELS", 1, ["\"gdn_chunk_prep\""]),
     (intra, "PREP_KERNELS", 2, ["gdn_chunk_prep_kkt_solve", "gdn_chunk_prep_wu"]),
+    (intra, "DIAG_INVERSE", "rows", ["gdn_chunk_prep_solve"]),
     (recurrence, "SPLIT_FWD", "never", ["\"linear_chunk_fwd\""]),
     (gdn, "FUSED_VJP", False, ["gdn_chunk_prep_bwd"]),
 ]

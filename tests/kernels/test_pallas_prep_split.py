@@ -58,8 +58,10 @@ def test_split_preparation_equals_the_one_kernel(dtype, tol, edges, kernels, mon
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
+@pytest.mark.parametrize("diag", intra.DIAG_INVERSE_CHOICES)
 @pytest.mark.parametrize("kernels", [2, 3])
-def test_split_inverse_is_the_float64_inverse(kernels):
+def test_split_inverse_is_the_float64_inverse(kernels, diag, monkeypatch):
+    monkeypatch.setattr(intra, "DIAG_INVERSE", diag)
     q, k, v, big_g, beta = prep_inputs(4, jnp.float32)
     x = np.asarray(gdn_intra_split(q, k, v, big_g, beta, chunk=C, kernels=kernels)[-1],
                    np.float64)
@@ -93,3 +95,20 @@ def test_switch_routes_gdn_intra(monkeypatch):
     monkeypatch.setattr(intra, "PREP_KERNELS", 4)
     with pytest.raises(ValueError, match="PREP_KERNELS"):
         prep_kernel_names(*args)
+
+
+def test_diagonal_inverses_agree_with_float64():
+    """Both 16 x 16 unit-lower inverses (intra.DIAG_INVERSE) against NumPy's, on a block
+    with entries as large as the preparation's (|beta k.k| <= 1, many rows)."""
+    rng = np.random.default_rng(7)
+    n = np.tril(rng.uniform(-1.0, 1.0, (intra.BS, intra.BS)), -1)
+    want = np.linalg.inv(np.eye(intra.BS) + n)
+    for fn in (intra._unit_lower_inverse, intra._unit_lower_inverse_rows):
+        got = np.asarray(fn(jnp.asarray(n, jnp.float32)), np.float64)
+        assert rel(got, want) <= 1e-5, (fn.__name__, rel(got, want))
+
+
+def test_bad_diag_inverse_is_refused(monkeypatch):
+    monkeypatch.setattr(intra, "DIAG_INVERSE", "cholesky")
+    with pytest.raises(ValueError, match="DIAG_INVERSE"):
+        gdn_intra_split(*prep_inputs(6, jnp.float32), chunk=C)
