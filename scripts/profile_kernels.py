@@ -216,7 +216,9 @@ SEQ_KNOBS = {"warps": ("recurrence", "SEQ_WARPS", "KERNELS_PALLAS_SEQ_WARPS"),
              "prep_bwd_warps": ("intra_bwd", "NUM_WARPS", "KERNELS_PALLAS_PREP_BWD_WARPS"),
              "chunk": ("bench", "CHUNK", "BENCH_CHUNK"),
              "solve_warps": ("intra_split", "SOLVE_WARPS", "KERNELS_PALLAS_SOLVE_WARPS"),
-             "diag_inverse": ("intra", "DIAG_INVERSE", "KERNELS_PALLAS_DIAG_INVERSE")}
+             "diag_inverse": ("intra", "DIAG_INVERSE", "KERNELS_PALLAS_DIAG_INVERSE"),
+             "kkt_solve_warps": ("intra_split", "KKT_SOLVE_WARPS",
+                                 "KERNELS_PALLAS_KKT_SOLVE_WARPS")}
 
 
 def env_value(value):
@@ -228,9 +230,11 @@ def tune_settings(name, default):
     """The settings a --tune-seq run compares (name: --settings), each one change from
     the defaults, and the cases it times them on."""
     if name == "prep":   # the triangular solve of the preparation, in the forward
+        rows = {**default, "diag_inverse": "rows"}
+        fla_like = {**rows, "prep_kernels": 2}   # K K^T + solve in one kernel, as fla's
         return ([default, {**default, "solve_warps": 2}, {**default, "solve_warps": 4},
-                 {**default, "diag_inverse": "rows"},
-                 {**default, "diag_inverse": "rows", "solve_warps": 4}],
+                 rows, {**rows, "solve_warps": 2}, {**rows, "solve_warps": 4},
+                 *({**fla_like, "kkt_solve_warps": w} for w in (1, 2, 4))],
                 (("fwd B8 T2048", time_gdn_fwd, 8, 2048),
                  ("fwd B2 T8192", time_gdn_fwd, 2, 8192),
                  ("fwd B1 T32768", time_gdn_fwd, 1, 32768)))

@@ -15,9 +15,10 @@ not hidden (on the H200 it runs at ~3.6x its memory floor). Here, per (head, chu
 
     two kernels (PREP_KERNELS = 2; the split of fla's chunk_gated_delta_rule forward,
     whose K K^T and solve kernel is one):
-    1. _kkt_solve_kernel: P, G_C and X, A's blocks formed from 16-row blocks of K as the
-                      solve needs them (A never goes through memory)
-    2. _wu_kernel
+    1. _kkt_solve_kernel: G_C and X from K alone, A's blocks formed from 16-row blocks of
+                      K as the solve needs them (A never goes through memory)
+    2. _wu_p_kernel:  W, Ut and P = (Q K^T) * D (so the first kernel reads no Q tile;
+                      fla forms Q K^T later still, in its output kernel)
 
 D_ts = exp(G_t - G_s) for s <= t (0 above), gamma = exp(G). X is written in float32 when
 a backward needs it (with_inverse; it reads X), else in the input dtype: _wu_kernel
@@ -39,8 +40,13 @@ from kernels.pallas.intra import BS, _a_blocks, _block_inverse, _decay_mask, _mm
 # KERNELS_PALLAS_SOLVE_WARPS, which profile_kernels --tune-seq --settings prep times).
 KKT_WARPS = 4
 SOLVE_WARPS = int(os.environ.get("KERNELS_PALLAS_SOLVE_WARPS", "1"))
-KKT_SOLVE_WARPS = 4
+KKT_SOLVE_WARPS = int(os.environ.get("KERNELS_PALLAS_KKT_SOLVE_WARPS", "4"))
 WU_WARPS = 4
+
+
+def _p_tile(q, k, g, chunk, prec):
+    """P = (Q K^T) * D for one chunk, float32."""
+    return _mm(q, k, tb=True, precision=prec) * _decay_mask(g, chunk)[0]
 
 
 def _kkt_kernel(q_ref, k_ref, g_ref, b_ref, p_ref, a_ref, gcl_ref, *, chunk):
@@ -48,7 +54,7 @@ def _kkt_kernel(q_ref, k_ref, g_ref, b_ref, p_ref, a_ref, gcl_ref, *, chunk):
     k = k_ref[...]
     g = g_ref[...]
     dmat, rows, cols = _decay_mask(g, chunk)
-    p_ref[...] = (_mm(q_ref[...], k, tb=True, precision=prec) * dmat).astype(p_ref.dtype)
+    p_ref[...] = _p_tile(q_ref[...], k, g, chunk, prec).astype(p_ref.dtype)
     kk = _mm(k, k, tb=True, precision=prec)
     a_ref[...] = jnp.where(rows > cols, b_ref[...][:, None] * dmat * kk, 0.0)
     gcl_ref[...] = g_ref[pl.ds(chunk - 1, 1)][None, :]
@@ -68,14 +74,12 @@ def _solve_kernel(a_ref, x_ref, *, chunk):
     _write_inverse(x_ref, x, nb)
 
 
-def _kkt_solve_kernel(q_ref, k_ref, g_ref, b_ref, p_ref, gcl_ref, x_ref, *, chunk):
+def _kkt_solve_kernel(k_ref, g_ref, b_ref, gcl_ref, x_ref, *, chunk):
+    """G_C and X from K alone (P is _wu_p_kernel's, so no Q tile here): A's blocks from
+    16-row blocks of K read from the ref as the solve needs them (cache hits), so no
+    whole tile stays live through the solve's chain."""
     prec = common.dot_precision(k_ref.dtype)
-    dmat = _decay_mask(g_ref[...], chunk)[0]
-    p_ref[...] = (_mm(q_ref[...], k_ref[...], tb=True, precision=prec)
-                  * dmat).astype(p_ref.dtype)
     gcl_ref[...] = g_ref[pl.ds(chunk - 1, 1)][None, :]
-    # A's blocks from 16-row blocks re-read from the refs (cache hits), so no whole K tile
-    # stays live through the solve's chain of small products
     block = lambda ref: lambda i: ref[pl.ds(i * BS, BS)]  # noqa: E731
     rows = lambda i: k_ref[pl.ds(i * BS, BS), :]  # noqa: E731
     nb = chunk // BS
@@ -93,6 +97,13 @@ def _wu_kernel(x_ref, k_ref, v_ref, g_ref, b_ref, w_ref, ut_ref):
     rhs_v = (v_ref[...].astype(f32) * bt).astype(dt)
     w_ref[...] = _mm(xd, rhs_k, precision=prec).astype(w_ref.dtype)
     ut_ref[...] = _mm(xd, rhs_v, precision=prec).astype(ut_ref.dtype)
+
+
+def _wu_p_kernel(x_ref, q_ref, k_ref, v_ref, g_ref, b_ref, w_ref, ut_ref, p_ref, *, chunk):
+    """_wu_kernel and P (the two-kernel form: fla's forms Q K^T in its output kernel)."""
+    _wu_kernel(x_ref, k_ref, v_ref, g_ref, b_ref, w_ref, ut_ref)
+    p_ref[...] = _p_tile(q_ref[...], k_ref[...], g_ref[...], chunk,
+                         common.dot_precision(k_ref.dtype)).astype(p_ref.dtype)
 
 
 def gdn_intra_split(q, k, v, big_g, beta, *, chunk, with_inverse=True, kernels=3):
@@ -114,33 +125,40 @@ def gdn_intra_split(q, k, v, big_g, beta, *, chunk, with_inverse=True, kernels=3
     gcl_shape = jax.ShapeDtypeStruct((b * h, n, 1, 1), f32)
     # X in float32 for the backward, else in the dtype _wu_kernel multiplies it in
     x_shape = jax.ShapeDtypeStruct((b * h, tp, chunk), f32 if with_inverse else dt)
+    w_shape = jax.ShapeDtypeStruct((b * h, tp, kdim), dt)
+    ut_shape = jax.ShapeDtypeStruct((b * h, tp, vdim), dt)
     if kernels == 2:
-        p, gcl, x = pl.pallas_call(
+        gcl, x = pl.pallas_call(
             functools.partial(_kkt_solve_kernel, chunk=chunk), grid=grid,
-            in_specs=[tok(kdim), tok(kdim), per_tok, per_tok],
-            out_specs=[rows(chunk), one, rows(chunk)],
-            out_shape=[p_shape, gcl_shape, x_shape],
+            in_specs=[tok(kdim), per_tok, per_tok], out_specs=[one, rows(chunk)],
+            out_shape=[gcl_shape, x_shape],
             interpret=common.interpret(), compiler_params=params(KKT_SOLVE_WARPS),
-            name="gdn_chunk_prep_kkt_solve")(q, k, big_g, beta)
-    else:
-        p, a, gcl = pl.pallas_call(
-            functools.partial(_kkt_kernel, chunk=chunk), grid=grid,
-            in_specs=[tok(kdim), tok(kdim), per_tok, per_tok],
-            out_specs=[rows(chunk), rows(chunk), one],
-            out_shape=[p_shape, jax.ShapeDtypeStruct((b * h, tp, chunk), f32), gcl_shape],
-            interpret=common.interpret(), compiler_params=params(KKT_WARPS),
-            name="gdn_chunk_prep_kkt")(q, k, big_g, beta)
-        x = pl.pallas_call(
-            functools.partial(_solve_kernel, chunk=chunk), grid=grid,
-            in_specs=[rows(chunk)], out_specs=rows(chunk), out_shape=x_shape,
-            interpret=common.interpret(), compiler_params=params(SOLVE_WARPS),
-            name="gdn_chunk_prep_solve")(a)
+            name="gdn_chunk_prep_kkt_solve")(k, big_g, beta)
+        w, ut, p = pl.pallas_call(
+            functools.partial(_wu_p_kernel, chunk=chunk), grid=grid,
+            in_specs=[rows(chunk), tok(kdim), tok(kdim), tok(vdim), per_tok, per_tok],
+            out_specs=[rows(kdim), rows(vdim), rows(chunk)],
+            out_shape=[w_shape, ut_shape, p_shape],
+            interpret=common.interpret(), compiler_params=params(WU_WARPS),
+            name="gdn_chunk_prep_wu")(x, q, k, v, big_g, beta)
+        outs = [w, ut, p, gcl]
+        return outs + [x] if with_inverse else outs
+    p, a, gcl = pl.pallas_call(
+        functools.partial(_kkt_kernel, chunk=chunk), grid=grid,
+        in_specs=[tok(kdim), tok(kdim), per_tok, per_tok],
+        out_specs=[rows(chunk), rows(chunk), one],
+        out_shape=[p_shape, jax.ShapeDtypeStruct((b * h, tp, chunk), f32), gcl_shape],
+        interpret=common.interpret(), compiler_params=params(KKT_WARPS),
+        name="gdn_chunk_prep_kkt")(q, k, big_g, beta)
+    x = pl.pallas_call(
+        functools.partial(_solve_kernel, chunk=chunk), grid=grid,
+        in_specs=[rows(chunk)], out_specs=rows(chunk), out_shape=x_shape,
+        interpret=common.interpret(), compiler_params=params(SOLVE_WARPS),
+        name="gdn_chunk_prep_solve")(a)
     w, ut = pl.pallas_call(
         _wu_kernel, grid=grid,
         in_specs=[rows(chunk), tok(kdim), tok(vdim), per_tok, per_tok],
-        out_specs=[rows(kdim), rows(vdim)],
-        out_shape=[jax.ShapeDtypeStruct((b * h, tp, kdim), dt),
-                   jax.ShapeDtypeStruct((b * h, tp, vdim), dt)],
+        out_specs=[rows(kdim), rows(vdim)], out_shape=[w_shape, ut_shape],
         interpret=common.interpret(), compiler_params=params(WU_WARPS),
         name="gdn_chunk_prep_wu")(x, k, v, big_g, beta)
     outs = [w, ut, p, gcl]

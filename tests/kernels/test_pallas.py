@@ -149,6 +149,8 @@ def test_gdn_forward_and_grads_match_float64(variant, t, beta_mode, prep_bwd, mo
     monkeypatch.setattr(kp_gdn, "FUSED_VJP", prep_bwd in ("fused", "prep1", "prep2", "seg3"))
     monkeypatch.setattr(kp_intra, "PREP_KERNELS",
                         int(prep_bwd[-1]) if prep_bwd.startswith("prep") else 3)
+    # the two-kernel preparation with the row-wise diagonal inverse (fla's combination)
+    monkeypatch.setattr(kp_intra, "DIAG_INVERSE", "rows" if prep_bwd == "prep2" else "power")
     monkeypatch.setattr(kp_rec, "SEQ_SEGMENTS", 3 if prep_bwd == "seg3" else 1)
     monkeypatch.setattr(kp_rec, "SPLIT_FWD",
                         prep_bwd if prep_bwd in kp_rec.SPLIT_FWD_CHOICES else "grad")
