@@ -232,3 +232,23 @@ def test_niah_grid_of_a_half_context_oracle():
         assert c["exact"] == want and c["per_digit"] == want
     assert got["exact"] == pytest.approx(np.mean([c["exact"] for c in got["cells"]]))
     assert {c["exact"] for c in got["cells"]} == {0.0, 1.0}  # both cases occur
+
+
+def test_lm_runs_are_judged_by_their_best_val_loss():
+    """An early-stopped run's final loss is of overfit parameters: the best during
+    training decides the lr and the table's order; a run with no evaluation during
+    training falls back to its final val_loss."""
+    def lm(mixer, lr, best, final):
+        metrics = {"val_loss": final} if best is None else {"val_loss": final,
+                                                            "best_val_loss": best}
+        return {"task": "lm", "setting": "char", "mixer": mixer, "size": "d", "lr": lr,
+                "seed": 0, "metrics": metrics, "layers": 2, "params": 1, "state_size": 1}
+    recs = [lm("a", 1e-3, 1.50, 2.00), lm("a", 1e-2, 1.60, 1.70),   # best 1.50 at 1e-3
+            lm("b", 1e-3, None, 1.55)]                                # fallback: 1.55
+    best = report.best_lr(recs)
+    assert best[("lm", "char", "a", "d")]["lr"] == 1e-3
+    assert best[("lm", "char", "b", "d")]["value"] == pytest.approx(1.55)
+    table = report.lm_table(recs, best)
+    rows = [line for line in table.splitlines() if line.startswith("| a") or line.startswith("| b")]
+    assert [r.split("|")[1].strip() for r in rows] == ["a", "b"]   # 1.50 before 1.55
+    assert "1.500" in rows[0] and "2.000" in rows[0]                # best, then at the stop
