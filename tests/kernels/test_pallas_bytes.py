@@ -3,11 +3,13 @@
 compute the same numbers. Tracing only (make_jaxpr) except where values are compared.
 """
 import numpy as np
+import pytest
 
 import jax
 import jax.numpy as jnp
 
 import kernels.pallas as kp
+from kernels.pallas import intra
 from kernels.pallas.intra import gdn_intra
 from tests.kernels.jaxprs import equations
 
@@ -51,25 +53,41 @@ def gdn(*args):
     return kp.gated_delta_rule(*args, chunk_size=C, variant="gpu")
 
 
-def test_forward_without_grad_does_not_write_the_inverse():
-    """X = (I + A)^-1 (float32, (B*H, Tp, C)) is only for the backward: the no-grad
-    forward's preparation kernel has no such output; under jax.grad it has exactly one."""
+@pytest.mark.parametrize("kernels", intra.PREP_KERNELS_CHOICES)
+def test_forward_without_grad_does_not_write_the_float32_inverse(kernels, monkeypatch):
+    """X = (I + A)^-1 in float32 ((B*H, Tp, C)) is only for the backward. One-kernel
+    preparation (PREP_KERNELS = 1): the no-grad forward has no such output, under jax.grad
+    exactly one. Two or three kernels: X passes between kernels either way, in the input
+    dtype (bf16 here) without a gradient and in float32 under one."""
+    monkeypatch.setattr(intra, "PREP_KERNELS", kernels)
     args = inputs()
     tp = -(-T // C) * C
     inverse = ((B * H, tp, C), jnp.dtype(jnp.float32))
+    lean_x = ((B * H, tp, C), jnp.dtype(jnp.bfloat16))    # P has this shape and dtype too
 
-    fwd = named(pallas_calls(jax.make_jaxpr(gdn)(*args)), "gdn_chunk_prep")
-    assert len(fwd) == 1
-    assert inverse not in outputs(fwd[0])
+    def preparation(eqns):   # the forward preparation's calls (not its backward's)
+        return [e for e in named(eqns, "gdn_chunk_prep")
+                if "prep_bwd" not in str(e.params.get("name"))]
 
+    # fresh functions: make_jaxpr must not reuse a trace made under another setting
+    fwd = preparation(pallas_calls(jax.make_jaxpr(lambda *a: gdn(*a))(*args)))
     loss = lambda *a: jnp.sum(gdn(*a).astype(jnp.float32))  # noqa: E731
-    grad = exactly(pallas_calls(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(*args)),
-                   "gdn_chunk_prep")
-    assert len(grad) == 1
-    assert outputs(grad[0]).count(inverse) == 1
-    assert len(outputs(grad[0])) == len(outputs(fwd[0])) + 1
-    # the bytes the no-grad preparation saves: exactly X's
-    assert written_bytes(grad[0]) - written_bytes(fwd[0]) == B * H * tp * C * 4
+    grad = preparation(pallas_calls(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(*args)))
+    assert len(fwd) == len(grad) == {1: 1, 2: 2, 3: 3}[kernels]
+    fwd_out = [o for e in fwd for o in outputs(e)]
+    grad_out = [o for e in grad for o in outputs(e)]
+    # (three kernels also pass A, float32 and X's shape, from K K^T to the solve)
+    assert fwd_out.count(inverse) == (1 if kernels == 3 else 0)
+    assert grad_out.count(inverse) == fwd_out.count(inverse) + 1
+    if kernels == 1:
+        assert len(grad_out) == len(fwd_out) + 1
+        # the bytes the no-grad preparation saves: exactly X's
+        assert (sum(map(written_bytes, grad)) - sum(map(written_bytes, fwd))
+                == B * H * tp * C * 4)
+    else:
+        assert fwd_out.count(lean_x) == grad_out.count(lean_x) + 1   # X, then P
+        assert (sum(map(written_bytes, grad)) - sum(map(written_bytes, fwd))
+                == B * H * tp * C * (4 - 2))
 
 
 def test_intra_kernel_outputs_do_not_depend_on_with_inverse():
@@ -103,13 +121,14 @@ def test_no_grad_forward_equals_grad_path_primal():
     np.testing.assert_array_equal(np.asarray(lean, np.float32), np.asarray(primal, np.float32))
 
 
-def test_forward_writes_only_w_ut_p_and_recurrence_reads_q_k_in_place():
+def test_forward_writes_only_w_ut_p_and_recurrence_reads_q_k_in_place(monkeypatch):
     """The preparation writes W, Ut, P (input dtype) and G_C, nothing per token beyond
     (K + V + C) values; Qg, Kd are formed in the recurrence from q, k, read in their
     (B, Tp, H, K) layout (no transposed copy) and G (B, Tp, H) float32."""
+    monkeypatch.setattr(intra, "PREP_KERNELS", 1)   # the one-kernel preparation's bytes
     args = inputs()
     tp = -(-T // C) * C
-    eqns = pallas_calls(jax.make_jaxpr(gdn)(*args))
+    eqns = pallas_calls(jax.make_jaxpr(lambda *a: gdn(*a))(*args))
     (prep,), (rec,) = named(eqns, "gdn_chunk_prep"), named(eqns, "linear_chunk_fwd")
     per_token = B * H * tp * (K + V + C) * 2            # bf16 W, Ut, P
     assert written_bytes(prep) == per_token + B * H * (tp // C) * 4
