@@ -15,7 +15,9 @@ recurrence.SPLIT_FWD ("pallas-split-always": fwd split without a gradient;
 intra.PREP_KERNELS ("pallas-prepN": the preparation as N kernels, for each N other
 than the default; --skip prep) and
 with the state pass as a two-level scan ("pallas-seg8": recurrence.SEQ_SEGMENTS = 8;
---segments) and at other chunk sizes ("pallas-c128": --chunks 128); checks
+--segments) and at other chunk sizes ("pallas-c128": --chunks 128); times fla twice,
+with triton's do_bench (the anchor) and from a CUDA graph ("fla-graph": its device time
+without host launch gaps; --skip flagraph); checks
 the bf16 Pallas outputs against the float32 chunk form; records peak memory of fwd+bwd at
 the longest shape. Writes <out>/benchmarks.json and <out>/benchmarks.md.
 """
@@ -69,8 +71,14 @@ def time_jax(fn, *args, samples=15, target_s=0.02):
     return statistics.median(times)
 
 
-def time_torch(fn):
+def time_torch(fn, graph=False):
+    """Median seconds per call of a torch function: triton's do_bench (host launches
+    included where they outrun the GPU), or with graph=True from a replayed CUDA graph
+    (device time alone: fla's B8 T2048 times vary ~2x between jobs, its T32768 ones do
+    not, which points at host-side launch overhead)."""
     import triton.testing
+    if graph:
+        return triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median") / 1e3
     return triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median") / 1e3
 
 
@@ -206,7 +214,7 @@ def fla_module():
         return None, None
 
 
-def fla_rows(torch, fops, b, t):
+def fla_rows(torch, fops, b, t, graph=False):
     out = {}
     dev = "cuda"
     q = torch.nn.functional.normalize(torch.randn(b, t, H, D, device=dev), dim=-1).bfloat16()
@@ -215,10 +223,11 @@ def fla_rows(torch, fops, b, t):
     g = torch.nn.functional.logsigmoid(torch.randn(b, t, H, device=dev)).float()
     beta = torch.rand(b, t, H, device=dev).sigmoid().float()
     with torch.no_grad():
-        out["gdn"] = time_torch(lambda: fops.chunk_gated_delta_rule(q, k, v, g, beta))
+        out["gdn"] = time_torch(lambda: fops.chunk_gated_delta_rule(q, k, v, g, beta), graph)
         qa, ka = (torch.softmax(torch.randn(b, t, H, D, device=dev), -1).bfloat16()
                   for _ in range(2))
-        out["linear"] = time_torch(lambda: fops.chunk_linear_attn(qa, ka, v, normalize=True))
+        out["linear"] = time_torch(lambda: fops.chunk_linear_attn(qa, ka, v, normalize=True),
+                                   graph)
     return out
 
 
@@ -473,6 +482,11 @@ def main():
             res = attempt(f"fla {b}x{t}", lambda: fla_rows(torch, fops, b, t))
             for op, s in (res or {}).items():
                 record(op, "fla", "fwd", b, t, s, fwd_bytes)
+            if "flagraph" not in skip:   # fla's device time alone (not the anchor)
+                res = attempt(f"fla-graph {b}x{t}",
+                              lambda: fla_rows(torch, fops, b, t, graph=True))
+                for op, s in (res or {}).items():
+                    record(op, "fla-graph", "fwd", b, t, s, fwd_bytes)
 
         # accuracy: bf16 Pallas against the float32 chunk form on the same inputs
         def acc():
