@@ -18,6 +18,13 @@ WIDTHS = [64, 128, 256]
 LRS = [1e-4, 4.6e-4, 2.2e-3, 1e-2]  # numpy.logspace(-4, -2, 4), rounded
 
 
+# Zoology's recall-memory figure as ANCHORS.md reads it (approximate: accuracy near a
+# decode state size, in numbers per sequence), drawn as hollow stars on the scatter.
+ZOOLOGY_POINTS = [{"mixer": "based", "state_size": 1.5e5, "value": 0.99},
+                  {"mixer": "gated_deltanet", "state_size": 7e4, "value": 0.99},
+                  {"mixer": "deltanet", "state_size": 1.3e5, "value": 0.99}]
+
+
 def _setting(seq_len, kv):
   return {"name": f"T{seq_len}_kv{kv}",
           "overrides": {"data.seq_len": seq_len, "data.num_kv_pairs": kv}}
@@ -49,6 +56,7 @@ def get_config(arg: str = ""):
   c.seeds = [0]
   c.eval = {"batch_size": 64, "num_batches": 16}  # 1,024 held-out examples per run
   c.train_timeout_s = 3600
+  c.references = [dict(p, source="Zoology, approx.") for p in ZOOLOGY_POINTS]
   if arg == "reduced":  # what fits a few minutes of one GPU: the hardest short setting
     c.settings = [_setting(256, 16)]
     c.mixers = [_mixer(m) for m in ("softmax", "gated_deltanet", "based", "linear")]

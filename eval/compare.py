@@ -324,7 +324,8 @@ def write_outputs(cfg: Mapping, runs: list[dict], workdir: str) -> list[dict]:
             if pts:
                 written.append(plots.recall_vs_state(
                     pts, os.path.join(workdir, "recall_vs_state.png"),
-                    metric_label=f"{task.upper()} {metric}"))
+                    metric_label=f"{task.upper()} {metric}",
+                    references=[dict(r) for r in cfg.get("references", [])]))
             if task == "niah":
                 for k, b in best.items():
                     cells = b["records"][0]["metrics"].get("grid", {}).get("cells")

@@ -54,16 +54,19 @@ def loss_curves(curves: dict[str, Sequence[tuple[int, float]]], path: str,
     return _save(fig, path)
 
 
-def recall_vs_state(points: Sequence[dict], path: str, metric_label: str = "MQAR accuracy") -> str:
+def recall_vs_state(points: Sequence[dict], path: str, metric_label: str = "MQAR accuracy",
+                    references: Sequence[dict] = ()) -> str:
     """Zoology's recall-memory figure: accuracy against decode state size (log x), by mixer.
 
     `points`: dicts with `setting`, `mixer`, `state_size`, `value`; one panel per setting.
+    `references`: published points to compare with (dicts with `mixer`, `state_size`,
+    `value`, optional `source`), drawn as hollow stars in the mixer's colour on every panel.
     """
     by_setting = defaultdict(list)
     for p in points:
         by_setting[p["setting"]].append(p)
     settings = list(by_setting)
-    mixers = sorted({p["mixer"] for p in points})
+    mixers = sorted({p["mixer"] for p in points} | {r["mixer"] for r in references})
     colors = {m: plt.cm.tab10(i % 10) for i, m in enumerate(mixers)}
     fig, axes = plt.subplots(1, max(len(settings), 1), figsize=(3.6 * max(len(settings), 1), 3.4),
                              squeeze=False)
@@ -74,13 +77,17 @@ def recall_vs_state(points: Sequence[dict], path: str, metric_label: str = "MQAR
             if pts:
                 xs, ys = zip(*pts)
                 ax.plot(xs, ys, marker="o", color=colors[m], label=m)
+        for r in references:
+            ax.plot([r["state_size"]], [r["value"]], linestyle="none", marker="*",
+                    markersize=11, markerfacecolor="none", color=colors[r["mixer"]],
+                    label=f"{r['mixer']} ({r.get('source', 'reference')})")
         ax.set_xscale("log")
         ax.set_ylim(-0.02, 1.02)
         ax.set_title(setting, fontsize=9)
         ax.set_xlabel("decode state size (numbers per sequence)")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(metric_label)
-    axes[0][-1].legend(fontsize=7)
+    axes[0][-1].legend(fontsize=6)
     return _save(fig, path)
 
 

@@ -252,3 +252,25 @@ def test_lm_runs_are_judged_by_their_best_val_loss():
     rows = [line for line in table.splitlines() if line.startswith("| a") or line.startswith("| b")]
     assert [r.split("|")[1].strip() for r in rows] == ["a", "b"]   # 1.50 before 1.55
     assert "1.500" in rows[0] and "2.000" in rows[0]                # best, then at the stop
+
+
+def test_recall_scatter_draws_reference_points(monkeypatch, tmp_path):
+    """Published points (Zoology's, from the MQAR config) are drawn on every panel at
+    their (state size, accuracy), beside the measured curves."""
+    from eval import plots
+    from tests.eval.conftest import load_compare_config
+    figs = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figs.append(fig) or path)
+    refs = [dict(r) for r in load_compare_config("compare_mqar")["references"]]
+    assert {r["mixer"] for r in refs} >= {"based", "gated_deltanet", "deltanet"}
+    pts = [{"setting": s, "mixer": "based", "state_size": 5e4 * (i + 1), "value": 0.5 + 0.1 * i}
+           for s in ("T64", "T256") for i in range(2)]
+    plots.recall_vs_state(pts, str(tmp_path / "x.png"), references=refs)
+    (fig,) = figs
+    for ax in fig.axes:
+        drawn = {(float(line.get_xdata()[0]), float(line.get_ydata()[0])): line.get_label()
+                 for line in ax.get_lines() if line.get_marker() == "*"}
+        assert drawn == {(r["state_size"], r["value"]): f"{r['mixer']} (Zoology, approx.)"
+                         for r in refs}
+        measured = [line for line in ax.get_lines() if line.get_marker() == "o"]
+        assert len(measured) == 1 and list(measured[0].get_ydata()) == [0.5, 0.6]
