@@ -2,12 +2,17 @@
 
     python scripts/profile_kernels.py [--out DIR] [--shapes 2x8192] [--what gdn-fwdbwd,...]
     python scripts/profile_kernels.py --tune [--out DIR]
+    python scripts/profile_kernels.py --tune-seq [--settings seq|prep] [--fla] [--out DIR]
+    python scripts/profile_kernels.py --fla [--shapes ...]    # fla's forward, its own process
 
 Runs each case a few times under `jax.profiler.trace` (with a Perfetto trace), then sums
 the device events by kernel name and prints the top ones per case (ms per call, share of
 the call). Writes DIR/profile.json. --tune instead times the kernels' tunables side by
 side in this one process (decode block/warps, the preparation's warps, the narrowest
-value block of the sequential loop) and writes DIR/tune.json. A diagnostic for kernel
+value block of the sequential loop) and writes DIR/tune.json; --tune-seq times a list of
+settings of the GPU programs one change at a time (tune_settings) and writes the fastest
+as DIR/best_seq.env; --fla profiles fla's chunk_gated_delta_rule forward kernel by kernel
+(torch.profiler, so in a process of its own). A diagnostic for kernel
 work, not a benchmark: the timings of record come from scripts/bench_kernels.py.
 """
 from __future__ import annotations

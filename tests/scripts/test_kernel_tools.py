@@ -77,3 +77,36 @@ def test_with_setting_holds_a_switch_while_f_runs_and_restores_it():
     with pytest.raises(RuntimeError, match="other"):
         bk.with_setting(boom, mod, "SWITCH", "other")()
     assert mod.SWITCH == "default"
+
+
+@pytest.mark.parametrize("which", ["seq", "prep"])
+def test_tune_picks_the_fastest_setting_and_writes_it_as_environment(which, tmp_path,
+                                                                     monkeypatch):
+    """tune_sequential times each setting (here: fake timers that read the knobs the
+    setting put in place), restores the defaults, and writes the setting with the least
+    summed time as the environment variables that select it; each setting changes only
+    knobs that SEQ_KNOBS names."""
+    from kernels.pallas import intra, intra_split, recurrence
+    knobs = {"recurrence": recurrence, "intra": intra, "intra_split": intra_split,
+             "bench": bk}
+    value = lambda key: getattr(knobs[pk.SEQ_KNOBS[key][0]], pk.SEQ_KNOBS[key][1])  # noqa: E731
+    default = {key: value(key) for key in pk.SEQ_KNOBS if pk.SEQ_KNOBS[key][0] != "intra_bwd"}
+    settings, _ = pk.tune_settings(which, {**default, "prep_bwd_warps": 8})
+    assert all(set(st) == set(pk.SEQ_KNOBS) for st in settings)
+    target = settings[-1]          # make the last setting the fastest
+
+    def fake(b, t):
+        changed = sum(value(key) != target[key] for key in default)
+        return 1e-3 * (1 + changed) * t / 2048
+
+    monkeypatch.setattr(pk, "time_gdn_fwd", fake)
+    monkeypatch.setattr(pk, "time_gdn_fwdbwd", fake)
+    best = pk.tune_sequential(str(tmp_path), which)
+    assert {k: best[k] for k in pk.SEQ_KNOBS} == target
+    assert {key: value(key) for key in default} == default     # defaults restored
+    env = dict(item.split("=", 1) for item in
+               (tmp_path / "best_seq.env").read_text().split()[1:])
+    for key, (_, _, var) in pk.SEQ_KNOBS.items():
+        assert env[var] == str(pk.env_value(target[key]))
+    rows = json.loads((tmp_path / "seq.json").read_text())
+    assert len(rows) == len(settings)
