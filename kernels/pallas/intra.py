@@ -37,8 +37,9 @@ NUM_WARPS = int(os.environ.get("KERNELS_PALLAS_PREP_WARPS", "4"))
 # How many kernels the preparation is (read when traced; KERNELS_PALLAS_PREP_KERNELS):
 #   1: this module's one kernel;
 #   3: intra_split.py's three lighter ones (K K^T and P; the triangular solve; W and Ut);
-#   2: intra_split.py's K K^T, P and the solve in one kernel, then W and Ut (no A round
-#      trip through memory; X in the input dtype when no backward needs it).
+#   2: intra_split.py's K K^T and the solve in one kernel (no A round trip through
+#      memory), then W, Ut and P.
+# (Two or three: X in the input dtype when no backward needs it.)
 # 3 by default: faster than 1 on the H200 side by side (bench_kernels, session 5 call 1,
 # code 9a57cb3): GDN fwd 0.623 -> 0.592 ms (B8 T2048), 0.661 -> 0.618 (B2 T8192),
 # 1.775 -> 1.696 (B1 T32768); fwd+bwd 2.158 -> 2.068, 2.133 -> 2.131, 5.147 -> 4.935 ms.

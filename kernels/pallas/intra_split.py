@@ -44,9 +44,9 @@ KKT_SOLVE_WARPS = int(os.environ.get("KERNELS_PALLAS_KKT_SOLVE_WARPS", "4"))
 WU_WARPS = 4
 
 
-def _p_tile(q, k, g, chunk, prec):
-    """P = (Q K^T) * D for one chunk, float32."""
-    return _mm(q, k, tb=True, precision=prec) * _decay_mask(g, chunk)[0]
+def _p_tile(q, k, dmat, prec):
+    """P = (Q K^T) * D for one chunk (D: the decay mask), float32."""
+    return _mm(q, k, tb=True, precision=prec) * dmat
 
 
 def _kkt_kernel(q_ref, k_ref, g_ref, b_ref, p_ref, a_ref, gcl_ref, *, chunk):
@@ -54,7 +54,7 @@ def _kkt_kernel(q_ref, k_ref, g_ref, b_ref, p_ref, a_ref, gcl_ref, *, chunk):
     k = k_ref[...]
     g = g_ref[...]
     dmat, rows, cols = _decay_mask(g, chunk)
-    p_ref[...] = _p_tile(q_ref[...], k, g, chunk, prec).astype(p_ref.dtype)
+    p_ref[...] = _p_tile(q_ref[...], k, dmat, prec).astype(p_ref.dtype)
     kk = _mm(k, k, tb=True, precision=prec)
     a_ref[...] = jnp.where(rows > cols, b_ref[...][:, None] * dmat * kk, 0.0)
     gcl_ref[...] = g_ref[pl.ds(chunk - 1, 1)][None, :]
@@ -102,7 +102,7 @@ def _wu_kernel(x_ref, k_ref, v_ref, g_ref, b_ref, w_ref, ut_ref):
 def _wu_p_kernel(x_ref, q_ref, k_ref, v_ref, g_ref, b_ref, w_ref, ut_ref, p_ref, *, chunk):
     """_wu_kernel and P (the two-kernel form: fla's forms Q K^T in its output kernel)."""
     _wu_kernel(x_ref, k_ref, v_ref, g_ref, b_ref, w_ref, ut_ref)
-    p_ref[...] = _p_tile(q_ref[...], k_ref[...], g_ref[...], chunk,
+    p_ref[...] = _p_tile(q_ref[...], k_ref[...], _decay_mask(g_ref[...], chunk)[0],
                          common.dot_precision(k_ref.dtype)).astype(p_ref.dtype)
 
 
