@@ -117,14 +117,16 @@ def from_chunk_major(x, b: int, h: int):
 
 
 class ChunkSpecs(NamedTuple):
-    """BlockSpecs of one chunk on the grid (B, H, chunks), as the preparation kernels use
-    them: token(d) a (B, Tp, H, d) array's chunk rows of one head; per_token a
-    (B, Tp, H) one's; rows(d) a head-major (B*H, Tp, d) one's; scalar a (B*H, N, 1, 1)
-    one's entry."""
+    """BlockSpecs of one chunk on the grid (B, H, chunks), as the chunk-parallel kernels
+    (preparation, output pass, gradient pass) use them: token(d) a (B, Tp, H, d) array's
+    chunk rows of one head; per_token a (B, Tp, H) one's; rows(d) a head-major
+    (B*H, Tp, d) one's; scalar a (B*H, N, 1, 1) one's entry; state(k, v) a
+    (B*H, N, k, v) one's (the chunk-start states)."""
     token: Callable
     per_token: object
     rows: Callable
     scalar: object
+    state: Callable
 
 
 def chunk_specs(h: int, chunk: int) -> ChunkSpecs:
@@ -132,4 +134,6 @@ def chunk_specs(h: int, chunk: int) -> ChunkSpecs:
         token=lambda d: pl.BlockSpec((None, chunk, None, d), lambda bi, hi, ni: (bi, ni, hi, 0)),
         per_token=pl.BlockSpec((None, chunk, None), lambda bi, hi, ni: (bi, ni, hi)),
         rows=lambda d: pl.BlockSpec((None, chunk, d), lambda bi, hi, ni: (bi * h + hi, ni, 0)),
-        scalar=pl.BlockSpec((None, None, 1, 1), lambda bi, hi, ni: (bi * h + hi, ni, 0, 0)))
+        scalar=pl.BlockSpec((None, None, 1, 1), lambda bi, hi, ni: (bi * h + hi, ni, 0, 0)),
+        state=lambda k, v: pl.BlockSpec((None, None, k, v),
+                                        lambda bi, hi, ni: (bi * h + hi, ni, 0, 0)))

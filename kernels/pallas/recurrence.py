@@ -562,18 +562,12 @@ def _forward_split_gpu(w, ut, q, k, p, gcl, gam, s0, cfg: Config, save: bool):
     u = rest[0] if has_w else ut
 
     # pass 2: outputs, parallel over chunks; grid (B, H, chunks)
-    crow = lambda width: pl.BlockSpec(  # noqa: E731  (one chunk's rows of a (BH, Tp, width))
-        (None, c, width), lambda bi, hi, i: (row(bi, hi), i, 0))
-    in_specs = [pl.BlockSpec((None, c, None, kdim), lambda bi, hi, i: (bi, i, hi, 0)),
-                crow(c)]
-    if has_g:
-        in_specs.append(pl.BlockSpec((None, c, None), lambda bi, hi, i: (bi, i, hi)))
-    in_specs += [pl.BlockSpec((None, None, kdim, vdim),
-                              lambda bi, hi, i: (row(bi, hi), i, 0, 0)), crow(vdim)]
+    spec = common.chunk_specs(nh, c)
+    in_specs = ([spec.token(kdim), spec.rows(c)] + ([spec.per_token] if has_g else [])
+                + [spec.state(kdim, vdim), spec.rows(vdim)])
     o = pl.pallas_call(
         functools.partial(_output_kernel_gpu, has_g=has_g, block_cols=min(vdim, 64)),
-        grid=(b, nh, n), in_specs=in_specs,
-        out_specs=pl.BlockSpec((None, c, None, vdim), lambda bi, hi, i: (bi, i, hi, 0)),
+        grid=(b, nh, n), in_specs=in_specs, out_specs=spec.token(vdim),
         out_shape=jax.ShapeDtypeStruct((b, tp, nh, vdim), jnp.dtype(cfg.out_dtype)),
         interpret=common.interpret(),
         compiler_params=common.compiler_params("gpu", num_warps=OUTPUT_WARPS,
@@ -775,15 +769,11 @@ def _backward_gpu(w, ut, q, k, p, gcl, gam, h, do, dst, cfg: Config, u=None):
     ds0 = ds0[:, 0]
 
     # pass 2: everything else, parallel over chunks; grid (B, H, chunks)
-    crow = lambda width: pl.BlockSpec(  # noqa: E731  (one chunk's rows of a (BH, Tp, width))
-        (None, c, width), lambda bi, hi, i: (row(bi, hi), i, 0))
-    tok = pl.BlockSpec((None, c, None, kdim), lambda bi, hi, i: (bi, i, hi, 0))
-    tok_v = pl.BlockSpec((None, c, None, vdim), lambda bi, hi, i: (bi, i, hi, 0))
-    state = pl.BlockSpec((None, None, kdim, vdim), lambda bi, hi, i: (row(bi, hi), i, 0, 0))
-    one = pl.BlockSpec((None, None, 1, 1), lambda bi, hi, i: (row(bi, hi), i, 0, 0))
-    gspec = pl.BlockSpec((None, c, None), lambda bi, hi, i: (bi, i, hi))
+    spec = common.chunk_specs(nh, c)
+    crow, tok, one, gspec = spec.rows, spec.token(kdim), spec.scalar, spec.per_token
+    state = spec.state(kdim, vdim)
     in_specs = (([crow(kdim)] if has_w else []) + [crow(vdim), tok, tok, crow(c), one]
-                + ([gspec] if has_g else []) + [state, state, tok_v, crow(vdim)])
+                + ([gspec] if has_g else []) + [state, state, spec.token(vdim), crow(vdim)])
     out_specs = [tok, tok] + ([crow(kdim)] if has_w else []) + [crow(c), one] + (
         [gspec] if has_g else [])
     out_shape = ([jax.ShapeDtypeStruct(q.shape, q.dtype)] * 2
