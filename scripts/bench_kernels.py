@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib
 import json
 import os
 import pathlib
@@ -48,6 +49,46 @@ DECODE_B = 64
 # Chunk size of our chunkwise ops (read when traced; BENCH_CHUNK, or --chunks for rows
 # "pallas-cN" beside the default): fla's chunk_gated_delta_rule uses 64.
 CHUNK = int(os.environ.get("BENCH_CHUNK", "64"))
+
+# The switches and tunables of the GPU programs that the environment sets: key ->
+# (module of kernels.pallas, or "bench" for this script; attribute; environment
+# variable). Every run records their values (settings()); profile_kernels --tune-seq
+# varies them and writes the fastest as these variables.
+KNOBS = {"prep_bwd": ("gdn", "PREP_BWD", "KERNELS_GDN_PREP_BWD"),
+         "fused_vjp": ("gdn", "FUSED_VJP", "KERNELS_GDN_FUSED_VJP"),
+         "seq_warps": ("recurrence", "SEQ_WARPS", "KERNELS_PALLAS_SEQ_WARPS"),
+         "seq_stages": ("recurrence", "SEQ_STAGES", "KERNELS_PALLAS_SEQ_STAGES"),
+         "seq_programs": ("recurrence", "SEQ_PROGRAMS", "KERNELS_PALLAS_SEQ_PROGRAMS"),
+         "split_fwd": ("recurrence", "SPLIT_FWD", "KERNELS_PALLAS_SPLIT_FWD"),
+         "grads_warps": ("recurrence", "GRADS_WARPS", "KERNELS_PALLAS_GRADS_WARPS"),
+         "output_warps": ("recurrence", "OUTPUT_WARPS", "KERNELS_PALLAS_OUTPUT_WARPS"),
+         "prep_warps": ("intra", "NUM_WARPS", "KERNELS_PALLAS_PREP_WARPS"),
+         "prep_kernels": ("intra", "PREP_KERNELS", "KERNELS_PALLAS_PREP_KERNELS"),
+         "seq_segments": ("recurrence", "SEQ_SEGMENTS", "KERNELS_PALLAS_SEQ_SEGMENTS"),
+         "seg_stages": ("recurrence", "SEG_STAGES", "KERNELS_PALLAS_SEG_STAGES"),
+         "prep_bwd_warps": ("intra_bwd", "NUM_WARPS", "KERNELS_PALLAS_PREP_BWD_WARPS"),
+         "chunk": ("bench", "CHUNK", "BENCH_CHUNK"),
+         "solve_warps": ("intra_split", "SOLVE_WARPS", "KERNELS_PALLAS_SOLVE_WARPS"),
+         "diag_inverse": ("intra", "DIAG_INVERSE", "KERNELS_PALLAS_DIAG_INVERSE"),
+         "kkt_solve_warps": ("intra_split", "KKT_SOLVE_WARPS",
+                             "KERNELS_PALLAS_KKT_SOLVE_WARPS")}
+
+
+def knob(key):
+    """(module, attribute) of KNOBS[key]."""
+    name, attr, _ = KNOBS[key]
+    module = (sys.modules[__name__] if name == "bench"
+              else importlib.import_module(f"kernels.pallas.{name}"))
+    return module, attr
+
+
+def settings():
+    """The current value of every knob (seq_warps 0 as "auto": its automatic choice),
+    and MIN_BLOCK_V, which no variable sets: what a run records it timed with."""
+    from kernels.pallas import recurrence
+    values = {key: getattr(*knob(key)) for key in KNOBS}
+    values["seq_warps"] = values["seq_warps"] or "auto"
+    return {**values, "min_block_v": recurrence.MIN_BLOCK_V}
 
 
 # ----------------------------------------------------------------------------- timing
@@ -177,14 +218,10 @@ def fwd_bwd(f, ndiff, prep_bwd=None):
     from kernels.pallas import gdn
 
     def run(*args):
-        saved = gdn.PREP_BWD
-        gdn.PREP_BWD = prep_bwd or saved      # read when the backward is traced, below
-        try:
-            out, pull = jax.vjp(lambda *d: f(*d, *args[ndiff:-1]), *args[:ndiff])
-            return out, pull(args[-1])
-        finally:
-            gdn.PREP_BWD = saved
-    return jax.jit(run)
+        out, pull = jax.vjp(lambda *d: f(*d, *args[ndiff:-1]), *args[:ndiff])
+        return out, pull(args[-1])
+    # the setting must hold while the backward is traced too: around all of run
+    return jax.jit(with_setting(run, gdn, "PREP_BWD", prep_bwd) if prep_bwd else run)
 
 
 def breakdown(q, k, v, g, beta):
@@ -305,17 +342,9 @@ def main():
               f"{b * t / seconds / 1e6:9.2f} Mtok/s  floor {rec['floor_ms']:.3f} ms", flush=True)
 
     from kernels.pallas import gdn as kp_gdn, intra as kp_intra, recurrence as kp_rec
-    from kernels.pallas import intra_bwd as kp_intra_bwd
-    settings = {"prep_bwd": kp_gdn.PREP_BWD, "fused_vjp": kp_gdn.FUSED_VJP,
-                "seq_warps": kp_rec.SEQ_WARPS or "auto",
-                "seq_stages": kp_rec.SEQ_STAGES, "seq_programs": kp_rec.SEQ_PROGRAMS,
-                "min_block_v": kp_rec.MIN_BLOCK_V, "split_fwd": kp_rec.SPLIT_FWD,
-                "grads_warps": kp_rec.GRADS_WARPS, "output_warps": kp_rec.OUTPUT_WARPS,
-                "prep_warps": kp_intra.NUM_WARPS, "prep_kernels": kp_intra.PREP_KERNELS,
-                "seq_segments": kp_rec.SEQ_SEGMENTS, "seg_stages": kp_rec.SEG_STAGES,
-                "prep_bwd_warps": kp_intra_bwd.NUM_WARPS, "chunk": CHUNK}
-    print(f"# kernel settings {settings}")
-    run_meta = {"run": 1, "commit": git_commit(), "settings": settings,
+    run_settings = settings()
+    print(f"# kernel settings {run_settings}")
+    run_meta = {"run": 1, "commit": git_commit(), "settings": run_settings,
                 "copy_bandwidth_TBps": None,
                 "peak_memory": {}, "accuracy_rel_rms": {}, "failures": notes,
                 "command": "python scripts/bench_kernels.py " + " ".join(sys.argv[1:]),

@@ -207,23 +207,9 @@ def tune(out):
     return rows
 
 
-# The settings tune_sequential varies: key -> (module, attribute, environment variable).
-SEQ_KNOBS = {"warps": ("recurrence", "SEQ_WARPS", "KERNELS_PALLAS_SEQ_WARPS"),
-             "stages": ("recurrence", "SEQ_STAGES", "KERNELS_PALLAS_SEQ_STAGES"),
-             "programs": ("recurrence", "SEQ_PROGRAMS", "KERNELS_PALLAS_SEQ_PROGRAMS"),
-             "grads_warps": ("recurrence", "GRADS_WARPS", "KERNELS_PALLAS_GRADS_WARPS"),
-             "output_warps": ("recurrence", "OUTPUT_WARPS", "KERNELS_PALLAS_OUTPUT_WARPS"),
-             "split": ("recurrence", "SPLIT_FWD", "KERNELS_PALLAS_SPLIT_FWD"),
-             "prep_warps": ("intra", "NUM_WARPS", "KERNELS_PALLAS_PREP_WARPS"),
-             "prep_kernels": ("intra", "PREP_KERNELS", "KERNELS_PALLAS_PREP_KERNELS"),
-             "segments": ("recurrence", "SEQ_SEGMENTS", "KERNELS_PALLAS_SEQ_SEGMENTS"),
-             "seg_stages": ("recurrence", "SEG_STAGES", "KERNELS_PALLAS_SEG_STAGES"),
-             "prep_bwd_warps": ("intra_bwd", "NUM_WARPS", "KERNELS_PALLAS_PREP_BWD_WARPS"),
-             "chunk": ("bench", "CHUNK", "BENCH_CHUNK"),
-             "solve_warps": ("intra_split", "SOLVE_WARPS", "KERNELS_PALLAS_SOLVE_WARPS"),
-             "diag_inverse": ("intra", "DIAG_INVERSE", "KERNELS_PALLAS_DIAG_INVERSE"),
-             "kkt_solve_warps": ("intra_split", "KKT_SOLVE_WARPS",
-                                 "KERNELS_PALLAS_KKT_SOLVE_WARPS")}
+# The settings tune_sequential varies: bench_kernels' knobs (key -> module, attribute,
+# environment variable), the ones every benchmark run records.
+SEQ_KNOBS = bk.KNOBS
 
 
 def env_value(value):
@@ -247,8 +233,8 @@ def tune_settings(name, default):
     # B8 T2048 in session 5, call 2; its 2-stage T32768 cases were not reached: half the
     # sequential steps, where the loops are bound by their length)
     return ([default, {**default, "prep_kernels": 2}, {**default, "prep_bwd_warps": 4},
-             {**default, "output_warps": 8}, {**default, "stages": 2},
-             {**default, "chunk": 128, "stages": 2}],
+             {**default, "output_warps": 8}, {**default, "seq_stages": 2},
+             {**default, "chunk": 128, "seq_stages": 2}],
             (("fwd B8 T2048", time_gdn_fwd, 8, 2048),
              ("fwd+bwd B8 T2048", time_gdn_fwdbwd, 8, 2048),
              ("fwd+bwd B2 T8192", time_gdn_fwdbwd, 2, 8192),
@@ -275,10 +261,7 @@ def tune_sequential(out, which="seq", fla=False):
     slow); fla: fla's forward too, at the forward cases' shapes. Writes
     DIR/seq.json and DIR/best_seq.env (the setting with the least summed time, as the
     environment variables that select it) so a job can benchmark with it."""
-    from kernels.pallas import intra, intra_bwd, intra_split, recurrence
-    mods = {"recurrence": recurrence, "intra": intra, "intra_bwd": intra_bwd,
-            "intra_split": intra_split, "bench": bk}
-    knob = lambda key: (mods[SEQ_KNOBS[key][0]], SEQ_KNOBS[key][1])  # noqa: E731
+    knob = bk.knob
     default = {key: getattr(*knob(key)) for key in SEQ_KNOBS}
     settings, cases_ = tune_settings(which, default)
     rows = []

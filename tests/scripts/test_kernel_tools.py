@@ -86,12 +86,9 @@ def test_tune_picks_the_fastest_setting_and_writes_it_as_environment(which, tmp_
     setting put in place), restores the defaults, and writes the setting with the least
     summed time as the environment variables that select it; each setting changes only
     knobs that SEQ_KNOBS names."""
-    from kernels.pallas import intra, intra_split, recurrence
-    knobs = {"recurrence": recurrence, "intra": intra, "intra_split": intra_split,
-             "bench": bk}
-    value = lambda key: getattr(knobs[pk.SEQ_KNOBS[key][0]], pk.SEQ_KNOBS[key][1])  # noqa: E731
-    default = {key: value(key) for key in pk.SEQ_KNOBS if pk.SEQ_KNOBS[key][0] != "intra_bwd"}
-    settings, _ = pk.tune_settings(which, {**default, "prep_bwd_warps": 8})
+    value = lambda key: getattr(*bk.knob(key))  # noqa: E731
+    default = {key: value(key) for key in pk.SEQ_KNOBS}
+    settings, _ = pk.tune_settings(which, default)
     assert all(set(st) == set(pk.SEQ_KNOBS) for st in settings)
     target = settings[-1]          # make the last setting the fastest
 
@@ -110,3 +107,44 @@ def test_tune_picks_the_fastest_setting_and_writes_it_as_environment(which, tmp_
         assert env[var] == str(pk.env_value(target[key]))
     rows = json.loads((tmp_path / "seq.json").read_text())
     assert len(rows) == len(settings)
+
+
+def test_a_run_records_every_knob_it_was_timed_with(monkeypatch):
+    """bench_kernels.settings(): each knob's current value (so a setting sourced from
+    best_seq.env shows in the run's record), seq_warps 0 as "auto", and MIN_BLOCK_V."""
+    from kernels.pallas import intra, intra_split, recurrence
+    monkeypatch.setattr(intra, "DIAG_INVERSE", "rows")
+    monkeypatch.setattr(intra_split, "SOLVE_WARPS", 2)
+    monkeypatch.setattr(recurrence, "SEQ_WARPS", 0)
+    monkeypatch.setattr(bk, "CHUNK", 32)
+    got = bk.settings()
+    assert set(got) == set(bk.KNOBS) | {"min_block_v"}
+    assert (got["diag_inverse"], got["solve_warps"], got["chunk"]) == ("rows", 2, 32)
+    assert got["seq_warps"] == "auto"
+    assert got["min_block_v"] == recurrence.MIN_BLOCK_V
+    assert got["prep_kernels"] == intra.PREP_KERNELS
+
+
+def test_fwd_bwd_holds_the_preparation_backward_through_the_gradient():
+    """fwd_bwd(..., prep_bwd=X) has gdn.PREP_BWD = X while the backward is traced: the
+    GDN gradient program has the Pallas preparation-backward kernel for "pallas" and not
+    for "xla"; the setting is restored afterwards."""
+    import jax
+    import jax.numpy as jnp
+    import kernels.pallas as kp
+    from kernels.pallas import gdn
+    from tests.kernels.jaxprs import equations
+
+    def f(q, k, v, g, beta):
+        return kp.gated_delta_rule(q, k, v, g, beta, chunk_size=16, variant="gpu")
+    x = jnp.ones((1, 32, 2, 16), jnp.float32)
+    g = jnp.full((1, 32, 2), -0.1)
+    before = gdn.PREP_BWD
+    names = {}
+    for choice in ("xla", "pallas"):
+        jaxpr = jax.make_jaxpr(bk.fwd_bwd(lambda *a: f(*a), 5, choice))(x, x, x, g, g, x)
+        names[choice] = {str(e.params.get("name")) for e in equations(jaxpr.jaxpr)
+                         if e.primitive.name == "pallas_call"}
+        assert gdn.PREP_BWD == before
+    assert "gdn_chunk_prep_bwd" in names["pallas"]
+    assert "gdn_chunk_prep_bwd" not in names["xla"]
