@@ -262,7 +262,7 @@ def tune_sequential(out, which="seq", fla=False):
     DIR/seq.json and DIR/best_seq.env (the setting with the least summed time, as the
     environment variables that select it) so a job can benchmark with it."""
     knob = bk.knob
-    default = {key: getattr(*knob(key)) for key in SEQ_KNOBS}
+    default = {key: getattr(*knob(key)) for key in SEQ_KNOBS}  # restored at the end
     settings, cases_ = tune_settings(which, default)
     rows = []
     for st in settings:
@@ -285,16 +285,13 @@ def tune_sequential(out, which="seq", fla=False):
             (d / "seq.json").write_text(json.dumps(rows, indent=1))
     for key in SEQ_KNOBS:
         setattr(*knob(key), default[key])
+    best = min(rows, key=lambda r: sum(r[name] for name, *_ in cases_))
     if fla:  # the anchor, side by side, after ours
         anchor = fla_anchor_rows(cases_)
         rows.append({"impl": "fla", **anchor})
         print("  fla: " + ", ".join(f"{k} {v:.3f} ms" for k, v in anchor.items()), flush=True)
-        rows_ours = rows[:-1]
-    else:
-        rows_ours = rows
-    if out:
-        (pathlib.Path(out) / "seq.json").write_text(json.dumps(rows, indent=1))
-    best = min(rows_ours, key=lambda r: sum(r[name] for name, *_ in cases_))
+        if out:
+            (pathlib.Path(out) / "seq.json").write_text(json.dumps(rows, indent=1))
     print(f"  best: {best}", flush=True)
     if out:
         (pathlib.Path(out) / "best_seq.env").write_text(

@@ -80,6 +80,19 @@ def gated_delta_rule(q, k, v, log_alpha, beta, *, segment_ids=None, initial_stat
     return o, S_out
 
 
+def chunk_ut_matrix(k, big_g, beta, chunk):
+    """The gated delta rule's per-chunk A = strict_lower(beta_t exp(G_t - G_s) k_t.k_s)
+    (the preparation inverts I + A), (B, H, N, C, C) float64, from k (B, Tp, H, K), the
+    in-chunk cumsum big_g and beta (B, Tp, H); Tp a multiple of chunk."""
+    b, tp, h, kdim = np.shape(k)
+    n = tp // chunk
+    kk = np.moveaxis(np.asarray(k, np.float64), 2, 1).reshape(b, h, n, chunk, kdim)
+    gg = np.moveaxis(np.asarray(big_g, np.float64), 2, 1).reshape(b, h, n, chunk)
+    bb = np.moveaxis(np.asarray(beta, np.float64), 2, 1).reshape(b, h, n, chunk)
+    return np.tril(bb[..., :, None] * np.exp(gg[..., :, None] - gg[..., None, :])
+                   * (kk @ np.swapaxes(kk, -1, -2)), -1)
+
+
 def softmax_attention(q, k, v, *, segment_ids=None, causal=True, scale=None, window=None,
                       keep=None, rate=0.0):
     """Per query: scores over allowed keys, stable softmax, weighted sum. GQA by h // group.

@@ -45,11 +45,11 @@ def with_prep_bwd(params):
     "fused" (gdn.FUSED_VJP: one custom VJP over preparation + recurrence), and with the
     forward as one loop ("never": recurrence.SPLIT_FWD, whose default splits the forward
     into a state pass + an output pass under a gradient) or split without a gradient too
-    ("always"), with the preparation as one or two kernels ("prep1", "prep2": intra.PREP_KERNELS; the
-    others run the default three), and
-    with the state pass as a two-level scan over 3 segments ("seg3":
-    recurrence.SEQ_SEGMENTS), with the case's marks; the "tpu" program differentiates the XLA
-    preparation, so one run."""
+    ("always"), with the preparation as one or two kernels ("prep1", "prep2":
+    intra.PREP_KERNELS; the others run the default three; "prep2" with the row-wise
+    diagonal inverse), and with the state pass as a two-level scan over 3 segments
+    ("seg3": recurrence.SEQ_SEGMENTS), with the case's marks; the "tpu" program
+    differentiates the XLA preparation, so one run."""
     out = []
     for p in params:
         bwds = ((*kp_gdn.PREP_BWD_CHOICES, "fused", "never", "always", "prep1", "prep2", "seg3")

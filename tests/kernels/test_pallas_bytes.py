@@ -11,6 +11,7 @@ import jax.numpy as jnp
 import kernels.pallas as kp
 from kernels.pallas import intra
 from kernels.pallas.intra import gdn_intra
+from tests.kernels import reference
 from tests.kernels.jaxprs import equations
 
 C = 16
@@ -103,11 +104,7 @@ def test_intra_kernel_outputs_do_not_depend_on_with_inverse():
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
     # and the saved inverse is (I + A)^-1 per chunk, against float64 NumPy
     x = np.asarray(full[-1], np.float64).reshape(B, H, tp // C, C, C)
-    kk = np.moveaxis(np.asarray(k, np.float64), 2, 1).reshape(B, H, tp // C, C, K)
-    gg = np.moveaxis(np.asarray(big_g, np.float64), 2, 1).reshape(B, H, tp // C, C)
-    bb = np.moveaxis(np.asarray(beta, np.float64), 2, 1).reshape(B, H, tp // C, C)
-    a = bb[..., :, None] * np.exp(gg[..., :, None] - gg[..., None, :]) * (kk @ np.swapaxes(kk, -1, -2))
-    a = np.tril(a, -1)
+    a = reference.chunk_ut_matrix(k, big_g, beta, C)
     np.testing.assert_allclose(x @ (np.eye(C) + a), np.broadcast_to(np.eye(C), x.shape),
                                atol=1e-5)
 
