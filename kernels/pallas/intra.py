@@ -74,15 +74,36 @@ DIAG_INVERSE_CHOICES = ("power", "rows")
 DIAG_INVERSE = os.environ.get("KERNELS_PALLAS_DIAG_INVERSE", "power")
 
 
-def _block_inverse(a_block, nb):
+# The solve's products for bf16 / fp16 inputs (read when traced;
+# KERNELS_PALLAS_SOLVE_PRECISION): "high" (TF32 on the GPU) or "highest" (float32 FMAs,
+# what every input dtype used before session 6; profile_kernels --settings prep times both)
+SOLVE_PRECISION_CHOICES = ("high", "highest")
+SOLVE_PRECISION = os.environ.get("KERNELS_PALLAS_SOLVE_PRECISION", "high")
+
+
+def solve_precision(dtype):
+    """Precision of the float32 16 x 16 products of the solve for inputs of `dtype`: full
+    float32 for float32 inputs; for bf16 / fp16 inputs Precision.HIGH, which Triton runs
+    as one TF32 tensor-core pass (fla's solve_tril does the same) instead of float32 FMAs.
+    Its ~1e-3 relative error is below the bf16 rounding X gets before W = X Rk anyway."""
+    if SOLVE_PRECISION not in SOLVE_PRECISION_CHOICES:
+        raise ValueError(f"kernels.pallas.intra.SOLVE_PRECISION (env "
+                         f"KERNELS_PALLAS_SOLVE_PRECISION) is {SOLVE_PRECISION!r}; valid: "
+                         f"{SOLVE_PRECISION_CHOICES}")
+    if jnp.dtype(dtype) == jnp.float32 or SOLVE_PRECISION == "highest":
+        return lax.Precision.HIGHEST
+    return lax.Precision.HIGH
+
+
+def _block_inverse(a_block, nb, hi=lax.Precision.HIGHEST):
     """X = (I + A)^-1 as a dict of its 16 x 16 blocks X_ij (j <= i), A strictly lower with
     blocks a_block(i, m) (m <= i): each diagonal block by _unit_lower_inverse, the ones
-    below by block forward substitution X_ij = -X_ii sum_{j <= m < i} A_im X_mj."""
-    hi = lax.Precision.HIGHEST
+    below by block forward substitution X_ij = -X_ii sum_{j <= m < i} A_im X_mj. hi: the
+    products' precision (solve_precision)."""
     if DIAG_INVERSE not in DIAG_INVERSE_CHOICES:
         raise ValueError(f"kernels.pallas.intra.DIAG_INVERSE (env KERNELS_PALLAS_DIAG_INVERSE)"
                          f" is {DIAG_INVERSE!r}; valid: {DIAG_INVERSE_CHOICES}")
-    diag_inverse = (_unit_lower_inverse if DIAG_INVERSE == "power"
+    diag_inverse = (functools.partial(_unit_lower_inverse, hi=hi) if DIAG_INVERSE == "power"
                     else _unit_lower_inverse_rows)
     x = {}
     for i in range(nb):
@@ -122,9 +143,9 @@ def _unit_lower_inverse_rows(n_mat):
     return x
 
 
-def _unit_lower_inverse(n_mat):
-    """(I + N)^-1 for a strictly lower-triangular 16 x 16 N, in float32."""
-    hi = lax.Precision.HIGHEST
+def _unit_lower_inverse(n_mat, hi=lax.Precision.HIGHEST):
+    """(I + N)^-1 for a strictly lower-triangular 16 x 16 N, in float32 (products at
+    precision hi)."""
     eye = (lax.broadcasted_iota(jnp.int32, (BS, BS), 0)
            == lax.broadcasted_iota(jnp.int32, (BS, BS), 1)).astype(jnp.float32)
     x = eye - n_mat
@@ -164,7 +185,8 @@ def _intra_kernel(q_ref, k_ref, v_ref, g_ref, b_ref,
         rhs_k.append((k_i.astype(f32) * (b_i * jnp.exp(g_i))[:, None]).astype(dt))
         rhs_v.append((v_ref[rows_i, :].astype(f32) * b_i[:, None]).astype(dt))
 
-    x = _block_inverse(_a_blocks(kb.__getitem__, gb.__getitem__, bb.__getitem__, prec), nb)
+    x = _block_inverse(_a_blocks(kb.__getitem__, gb.__getitem__, bb.__getitem__, prec), nb,
+                       solve_precision(dt))
 
     for i in range(nb):
         rows_i = pl.ds(i * BS, BS)

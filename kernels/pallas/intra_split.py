@@ -34,7 +34,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from kernels.pallas import common
-from kernels.pallas.intra import BS, _a_blocks, _block_inverse, _decay_mask, _mm
+from kernels.pallas.intra import (BS, _a_blocks, _block_inverse, _decay_mask, _mm,
+                                  solve_precision)
 
 # Warps per program of the kernels; read when traced (untuned; the solve's:
 # KERNELS_PALLAS_SOLVE_WARPS, which profile_kernels --tune-seq --settings prep times).
@@ -68,9 +69,11 @@ def _write_inverse(x_ref, x, nb):
                 x[i, j] if j <= i else jnp.zeros((BS, BS), jnp.float32)).astype(x_ref.dtype)
 
 
-def _solve_kernel(a_ref, x_ref, *, chunk):
+def _solve_kernel(a_ref, x_ref, *, chunk, dtype):
+    # dtype: the inputs' (A is float32 whatever they are), for the products' precision
     nb = chunk // BS
-    x = _block_inverse(lambda i, m: a_ref[pl.ds(i * BS, BS), pl.ds(m * BS, BS)], nb)
+    x = _block_inverse(lambda i, m: a_ref[pl.ds(i * BS, BS), pl.ds(m * BS, BS)], nb,
+                       solve_precision(dtype))
     _write_inverse(x_ref, x, nb)
 
 
@@ -84,7 +87,7 @@ def _kkt_solve_kernel(k_ref, g_ref, b_ref, gcl_ref, x_ref, *, chunk):
     rows = lambda i: k_ref[pl.ds(i * BS, BS), :]  # noqa: E731
     nb = chunk // BS
     _write_inverse(x_ref, _block_inverse(_a_blocks(rows, block(g_ref), block(b_ref), prec),
-                                         nb), nb)
+                                         nb, solve_precision(k_ref.dtype)), nb)
 
 
 def _wu_kernel(x_ref, k_ref, v_ref, g_ref, b_ref, w_ref, ut_ref):
@@ -151,7 +154,7 @@ def gdn_intra_split(q, k, v, big_g, beta, *, chunk, with_inverse=True, kernels=3
         interpret=common.interpret(), compiler_params=params(KKT_WARPS),
         name="gdn_chunk_prep_kkt")(q, k, big_g, beta)
     x = pl.pallas_call(
-        functools.partial(_solve_kernel, chunk=chunk), grid=grid,
+        functools.partial(_solve_kernel, chunk=chunk, dtype=dt), grid=grid,
         in_specs=[rows(chunk)], out_specs=rows(chunk), out_shape=x_shape,
         interpret=common.interpret(), compiler_params=params(SOLVE_WARPS),
         name="gdn_chunk_prep_solve")(a)

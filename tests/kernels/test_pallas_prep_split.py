@@ -2,13 +2,16 @@
 computes what the one-kernel preparation (intra.py) does, and its inverse X is
 (I + A)^-1 against a float64 NumPy reference. Interpret mode on CPU (the kernels are GPU
 programs)."""
+import functools
+
 import numpy as np
 import pytest
 
 import jax
 import jax.numpy as jnp
+from jax.experimental import pallas as pl
 
-from kernels.pallas import intra
+from kernels.pallas import common, intra, intra_split
 from kernels.pallas.intra_split import gdn_intra_split
 from tests.kernels import reference
 from tests.kernels.jaxprs import equations
@@ -108,3 +111,49 @@ def test_bad_diag_inverse_is_refused(monkeypatch):
     monkeypatch.setattr(intra, "DIAG_INVERSE", "cholesky")
     with pytest.raises(ValueError, match="DIAG_INVERSE"):
         gdn_intra_split(*prep_inputs(6, jnp.float32), chunk=C)
+
+
+@pytest.mark.parametrize("dtype,setting,want", [
+    (jnp.bfloat16, "high", "TF32"), (jnp.bfloat16, "highest", "IEEE"),
+    (jnp.float32, "high", "IEEE")])
+def test_solve_products_lower_to_the_chosen_triton_precision(dtype, setting, want,
+                                                             monkeypatch):
+    """intra.SOLVE_PRECISION: the solve's float32 products lower (Pallas' Triton lowering,
+    run on CPU) to TF32 tensor-core dots for bf16 inputs by default, to IEEE float32 dots
+    for float32 inputs always and for bf16 ones under "highest". The preparation's other
+    dots multiply bf16 / float32 inputs at their own precision (None / IEEE)."""
+    from jax._src.pallas.triton import lowering
+    seen = []
+    real_dot = lowering.tt_dialect.dot
+
+    def recording_dot(*args, input_precision=None, **kwargs):
+        seen.append(None if input_precision is None else str(input_precision))
+        return real_dot(*args, input_precision=input_precision, **kwargs)
+
+    monkeypatch.setattr(lowering.tt_dialect, "dot", recording_dot)
+    monkeypatch.setattr(common, "interpret", lambda: False)
+    monkeypatch.setattr(intra, "SOLVE_PRECISION", setting)
+    monkeypatch.setattr(intra, "DIAG_INVERSE", "power")
+    q = jnp.ones((1, 64, 1, 64), dtype)
+    g = jnp.zeros((1, 64, 1), jnp.float32)
+
+    def solve_only(a):  # the solve kernel alone: every dot in it is a solve product
+        spec = common.chunk_specs(1, 64)
+        return pl.pallas_call(
+            functools.partial(intra_split._solve_kernel, chunk=64, dtype=dtype),
+            grid=(1, 1, 1), in_specs=[spec.rows(64)], out_specs=spec.rows(64),
+            out_shape=jax.ShapeDtypeStruct((1, 64, 64), jnp.float32),
+            compiler_params=common.compiler_params("gpu", num_warps=1, num_stages=1))(a)
+
+    a = jnp.zeros((1, 64, 64), jnp.float32)
+    jax.jit(solve_only).trace(a).lower(lowering_platforms=("cuda",))
+    # four diagonal power-series inverses (6 products each) and 16 below the diagonal
+    assert len(seen) == 4 * 6 + 16
+    assert {s.split(".")[-1].upper() for s in seen} == {want}, seen
+    # and in the whole three-kernel preparation the solve's are its only IEEE dots for
+    # bf16 inputs (its bf16 dots lower with Triton's default, TF32, which bf16 ignores)
+    seen.clear()
+    jax.jit(lambda *x: gdn_intra_split(*x, chunk=64, with_inverse=False)).trace(
+        q, q, q, g, g).lower(lowering_platforms=("cuda",))
+    ieee = sum(s.split(".")[-1].upper() == "IEEE" for s in seen)
+    assert ieee == (len(seen) if dtype == jnp.float32 else 40 if want == "IEEE" else 0)
