@@ -221,11 +221,12 @@ def tune_settings(name, default):
     """The settings a --tune-seq run compares (name: --settings), each one change from
     the defaults, and the cases it times them on."""
     if name == "prep":   # the triangular solve of the preparation, in the forward
-        rows = {**default, "diag_inverse": "rows"}
-        fla_like = {**rows, "prep_kernels": 2}   # K K^T + solve in one kernel, as fla's
-        return ([default, {**default, "solve_warps": 2}, {**default, "solve_warps": 4},
-                 rows, {**rows, "solve_warps": 2}, {**rows, "solve_warps": 4},
-                 *({**fla_like, "kkt_solve_warps": w} for w in (1, 2, 4))],
+        # (session 6, call 1, solve products at "highest": solve warps 2 and the two-kernel
+        # form with rows at 1 warp were fastest; rows in three kernels and 4 warps slower)
+        fused = {**default, "prep_kernels": 2, "kkt_solve_warps": 1}
+        return ([default, {**default, "solve_warps": 2},
+                 {**default, "solve_warps": 2, "solve_precision": "highest"},
+                 {**fused, "diag_inverse": "rows"}, {**fused, "diag_inverse": "power"}],
                 (("fwd B8 T2048", time_gdn_fwd, 8, 2048),
                  ("fwd B2 T8192", time_gdn_fwd, 2, 8192),
                  ("fwd B1 T32768", time_gdn_fwd, 1, 32768)))
@@ -234,7 +235,7 @@ def tune_settings(name, default):
     # is repeated here). seq_programs 64: V blocks twice as wide in the sequential loops,
     # half the programs, for the long single-sequence case. No fwd+bwd at B8 T2048: the
     # issue sets fwd+bwd targets at T8192 and T32768 only.
-    return ([default, {**default, "prep_bwd_warps": 4}, {**default, "output_warps": 8},
+    return ([default, {**default, "prep_bwd_warps": 8}, {**default, "output_warps": 8},
              {**default, "seq_stages": 2}, {**default, "seq_programs": 64}],
             (("fwd B8 T2048", time_gdn_fwd, 8, 2048),
              ("fwd+bwd B2 T8192", time_gdn_fwdbwd, 2, 8192),
@@ -264,7 +265,26 @@ def tune_sequential(out, which="seq", fla=False):
     knob = bk.knob
     default = {key: getattr(*knob(key)) for key in SEQ_KNOBS}  # restored at the end
     settings, cases_ = tune_settings(which, default)
-    rows = []
+    total = lambda r: sum(r[name] for name, *_ in cases_)  # noqa: E731
+    rows, anchor = [], []
+
+    def write():  # after every row, so a job cut short by its timeout keeps what it timed
+        if not out:
+            return
+        d = pathlib.Path(out)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "seq.json").write_text(json.dumps(anchor + rows, indent=1))
+        if rows:
+            best_ = min(rows, key=total)
+            (d / "best_seq.env").write_text(
+                "export " + " ".join(f"{env}={env_value(best_[key])}"
+                                     for key, (_, _, env) in SEQ_KNOBS.items()) + "\n")
+
+    if fla:  # the anchor, side by side, first (a timeout then cuts settings, not it)
+        times = fla_anchor_rows(cases_)
+        anchor.append({"impl": "fla", **times})
+        print("  fla: " + ", ".join(f"{k} {v:.3f} ms" for k, v in times.items()), flush=True)
+        write()
     for st in settings:
         for key in SEQ_KNOBS:
             setattr(*knob(key), st[key])
@@ -279,25 +299,11 @@ def tune_sequential(out, which="seq", fla=False):
         rows.append({**st, **{k: v * 1e3 for k, v in times.items()}})
         print(f"  seq {st}: " + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in times.items()),
               flush=True)
-        if out:
-            d = pathlib.Path(out)
-            d.mkdir(parents=True, exist_ok=True)
-            (d / "seq.json").write_text(json.dumps(rows, indent=1))
+        write()
     for key in SEQ_KNOBS:
         setattr(*knob(key), default[key])
-    best = min(rows, key=lambda r: sum(r[name] for name, *_ in cases_))
-    if fla:  # the anchor, side by side, after ours
-        anchor = fla_anchor_rows(cases_)
-        rows.append({"impl": "fla", **anchor})
-        print("  fla: " + ", ".join(f"{k} {v:.3f} ms" for k, v in anchor.items()), flush=True)
-        if out:
-            (pathlib.Path(out) / "seq.json").write_text(json.dumps(rows, indent=1))
+    best = min(rows, key=total)
     print(f"  best: {best}", flush=True)
-    if out:
-        (pathlib.Path(out) / "best_seq.env").write_text(
-            "export " + " ".join(f"{env}={env_value(best[key])}"
-                                 for key, (_, _, env) in SEQ_KNOBS.items())
-            + "\n")
     return best
 
 

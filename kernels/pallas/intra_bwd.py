@@ -38,9 +38,10 @@ from jax.experimental import pallas as pl
 from kernels.pallas import common
 from kernels.pallas.intra import _decay_mask
 
-# Triton warps per program: no register spills at C64 D128 (4 spill); read when traced
-# (KERNELS_PALLAS_PREP_BWD_WARPS; profile_kernels --tune-seq times 4 against 8)
-NUM_WARPS = int(os.environ.get("KERNELS_PALLAS_PREP_BWD_WARPS", "8"))
+# Triton warps per program; read when traced (KERNELS_PALLAS_PREP_BWD_WARPS). 4 spill
+# registers at C64 D128 and 8 do not, yet 4 are faster: GDN fwd+bwd 2.021 vs 2.159 ms at
+# B2 T8192, 4.741 vs 4.949 ms at B1 T32768 (H200, session 6, profile_kernels --tune-seq)
+NUM_WARPS = int(os.environ.get("KERNELS_PALLAS_PREP_BWD_WARPS", "4"))
 
 
 def _mm(a, b, *, ta=False, tb=False, precision=None):
