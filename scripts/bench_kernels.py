@@ -72,7 +72,8 @@ KNOBS = {"prep_bwd": ("gdn", "PREP_BWD", "KERNELS_GDN_PREP_BWD"),
          "diag_inverse": ("intra", "DIAG_INVERSE", "KERNELS_PALLAS_DIAG_INVERSE"),
          "kkt_solve_warps": ("intra_split", "KKT_SOLVE_WARPS",
                              "KERNELS_PALLAS_KKT_SOLVE_WARPS"),
-         "solve_precision": ("intra", "SOLVE_PRECISION", "KERNELS_PALLAS_SOLVE_PRECISION")}
+         "solve_precision": ("intra", "SOLVE_PRECISION", "KERNELS_PALLAS_SOLVE_PRECISION"),
+         "wu_warps": ("intra_split", "WU_WARPS", "KERNELS_PALLAS_WU_WARPS")}
 
 
 def knob(key):

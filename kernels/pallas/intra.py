@@ -40,11 +40,13 @@ NUM_WARPS = int(os.environ.get("KERNELS_PALLAS_PREP_WARPS", "4"))
 #   2: intra_split.py's K K^T and the solve in one kernel (no A round trip through
 #      memory), then W, Ut and P.
 # (Two or three: X in the input dtype when no backward needs it.)
-# 3 by default: faster than 1 on the H200 side by side (bench_kernels, session 5 call 1,
-# code 9a57cb3): GDN fwd 0.623 -> 0.592 ms (B8 T2048), 0.661 -> 0.618 (B2 T8192),
-# 1.775 -> 1.696 (B1 T32768); fwd+bwd 2.158 -> 2.068, 2.133 -> 2.131, 5.147 -> 4.935 ms.
+# 2 by default (session 6): with the solve's TF32 products (SOLVE_PRECISION) and its
+# K K^T + solve kernel at 1 warp, the fastest on the H200 side by side (profile_kernels
+# --tune-seq --settings prep, code d16bac1): GDN fwd 0.465 / 0.500 / 1.467 ms at B8 T2048,
+# B2 T8192, B1 T32768 against three kernels' 0.472 / 0.506 / 1.483 (fla: 0.438 / 0.701 /
+# 1.458 in that job). 3 was faster than 1 in session 5 (fwd 1.775 -> 1.696 ms at T32768).
 PREP_KERNELS_CHOICES = (1, 2, 3)
-PREP_KERNELS = int(os.environ.get("KERNELS_PALLAS_PREP_KERNELS", "3"))
+PREP_KERNELS = int(os.environ.get("KERNELS_PALLAS_PREP_KERNELS", "2"))
 
 
 def _mm(a, b, *, tb=False, precision=None):

@@ -37,12 +37,15 @@ from kernels.pallas import common
 from kernels.pallas.intra import (BS, _a_blocks, _block_inverse, _decay_mask, _mm,
                                   solve_precision)
 
-# Warps per program of the kernels; read when traced (untuned; the solve's:
-# KERNELS_PALLAS_SOLVE_WARPS, which profile_kernels --tune-seq --settings prep times).
+# Warps per program of the kernels; read when traced (environment variables
+# KERNELS_PALLAS_{SOLVE,KKT_SOLVE,WU}_WARPS; profile_kernels --tune-seq --settings prep
+# times them). The fused K K^T + solve at 1 warp: 0.465 / 0.500 / 1.467 ms GDN fwd against
+# 0.582 / 0.615 / 1.706 at 2 and 0.752 / 0.785 / 2.048 at 4 (H200, session 6; those two
+# with the "highest" solve precision). The K K^T and W/Ut kernels' 4: untuned.
 KKT_WARPS = 4
 SOLVE_WARPS = int(os.environ.get("KERNELS_PALLAS_SOLVE_WARPS", "1"))
-KKT_SOLVE_WARPS = int(os.environ.get("KERNELS_PALLAS_KKT_SOLVE_WARPS", "4"))
-WU_WARPS = 4
+KKT_SOLVE_WARPS = int(os.environ.get("KERNELS_PALLAS_KKT_SOLVE_WARPS", "1"))
+WU_WARPS = int(os.environ.get("KERNELS_PALLAS_WU_WARPS", "4"))
 
 
 def _p_tile(q, k, dmat, prec):

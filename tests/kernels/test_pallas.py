@@ -45,14 +45,14 @@ def with_prep_bwd(params):
     "fused" (gdn.FUSED_VJP: one custom VJP over preparation + recurrence), and with the
     forward as one loop ("never": recurrence.SPLIT_FWD, whose default splits the forward
     into a state pass + an output pass under a gradient) or split without a gradient too
-    ("always"), with the preparation as one or two kernels ("prep1", "prep2":
-    intra.PREP_KERNELS; the others run the default three; "prep2" with the row-wise
-    diagonal inverse), and with the state pass as a two-level scan over 3 segments
+    ("always"), with the preparation as one or three kernels ("prep1", "prep3":
+    intra.PREP_KERNELS; the others run the default two), with the row-wise diagonal
+    inverse ("rows": intra.DIAG_INVERSE), and with the state pass as a two-level scan over 3 segments
     ("seg3": recurrence.SEQ_SEGMENTS), with the case's marks; the "tpu" program
     differentiates the XLA preparation, so one run."""
     out = []
     for p in params:
-        bwds = ((*kp_gdn.PREP_BWD_CHOICES, "fused", "never", "always", "prep1", "prep2", "seg3")
+        bwds = ((*kp_gdn.PREP_BWD_CHOICES, "fused", "never", "always", "prep1", "prep3", "rows", "seg3")
                 if p.values[0] == "gpu" else ("xla",))
         for bwd in bwds:
             out.append(pytest.param(*p.values, bwd, marks=p.marks))
@@ -146,11 +146,12 @@ def gdn_inputs(seed, b, t, h, kd, vd, beta_mode="random"):
 @pytest.mark.parametrize("variant,t,beta_mode,prep_bwd", with_prep_bwd(cases(
     [(37, "random")], [(37, "random"), (1, "random"), (32, "edges")])))
 def test_gdn_forward_and_grads_match_float64(variant, t, beta_mode, prep_bwd, monkeypatch):
-    monkeypatch.setattr(kp_gdn, "FUSED_VJP", prep_bwd in ("fused", "prep1", "prep2", "seg3"))
+    monkeypatch.setattr(kp_gdn, "FUSED_VJP", prep_bwd in ("fused", "prep1", "prep3", "rows",
+                                                          "seg3"))
     monkeypatch.setattr(kp_intra, "PREP_KERNELS",
-                        int(prep_bwd[-1]) if prep_bwd.startswith("prep") else 3)
-    # the two-kernel preparation with the row-wise diagonal inverse (fla's combination)
-    monkeypatch.setattr(kp_intra, "DIAG_INVERSE", "rows" if prep_bwd == "prep2" else "power")
+                        int(prep_bwd[-1]) if prep_bwd.startswith("prep") else 2)
+    # the default two-kernel preparation with the row-wise diagonal inverse (fla's)
+    monkeypatch.setattr(kp_intra, "DIAG_INVERSE", "rows" if prep_bwd == "rows" else "power")
     monkeypatch.setattr(kp_rec, "SEQ_SEGMENTS", 3 if prep_bwd == "seg3" else 1)
     monkeypatch.setattr(kp_rec, "SPLIT_FWD",
                         prep_bwd if prep_bwd in kp_rec.SPLIT_FWD_CHOICES else "grad")

@@ -16,15 +16,17 @@ B, T, H, D, C = 1, 128, 2, 64, 64
 
 # (switch module, attribute, value, kernels the GDN gradient program must contain)
 SWITCHES = [
-    (None, None, None, ["gdn_chunk_prep_kkt", "gdn_chunk_prep_solve", "gdn_chunk_prep_wu",
+    (None, None, None, ["gdn_chunk_prep_kkt_solve", "gdn_chunk_prep_wu",
                         "linear_chunk_fwd_states", "linear_chunk_fwd_output",
                         "linear_chunk_bwd_dstate", "linear_chunk_bwd_grads",
                         "gdn_chunk_prep_bwd"]),
     (recurrence, "SEQ_SEGMENTS", 2, ["linear_chunk_fwd_segment_maps",
                                      "linear_chunk_bwd_segment_maps"]),
     (intra, "PREP_KERNELS", 1, ["\"gdn_chunk_prep\""]),
-    (intra, "PREP_KERNELS", 2, ["gdn_chunk_prep_kkt_solve", "gdn_chunk_prep_wu"]),
-    (intra, "DIAG_INVERSE", "rows", ["gdn_chunk_prep_solve"]),
+    (intra, "PREP_KERNELS", 3, ["\"gdn_chunk_prep_kkt\"", "gdn_chunk_prep_solve",
+                                "gdn_chunk_prep_wu"]),
+    (intra, "DIAG_INVERSE", "rows", ["gdn_chunk_prep_kkt_solve"]),
+    (intra, "SOLVE_PRECISION", "highest", ["gdn_chunk_prep_kkt_solve"]),
     (recurrence, "SPLIT_FWD", "never", ["\"linear_chunk_fwd\""]),
     (gdn, "FUSED_VJP", False, ["gdn_chunk_prep_bwd"]),
 ]
