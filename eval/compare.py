@@ -385,14 +385,15 @@ def sweep(cfg: Mapping[str, Any], workdir: str, *, python: str = sys.executable,
 
     shard "i/n": run only every n-th grid entry from the i-th, so n processes (on one GPU
     or several) share a sweep directory; the tables cover every finished run.
-    only: run only grid entries whose name contains it.
+    only: run only grid entries whose name contains it, or (comma-separated) any of them.
     report_only: run nothing, rebuild results.jsonl / results.md / plots.
     The tables and plots cover every finished run of the grid, whatever only/shard say.
     """
     grid = expand_grid(cfg)
     # `only` and `shard` choose what this invocation runs; the tables always cover every
     # finished run of the grid (other invocations may have run the rest)
-    runs = [r for r in grid if only in r["name"]] if only else grid
+    wanted = [part for part in only.split(",") if part]
+    runs = [r for r in grid if any(part in r["name"] for part in wanted)] if wanted else grid
     i, n = parse_shard(shard)
     os.makedirs(workdir, exist_ok=True)
     if report_only:
@@ -465,7 +466,8 @@ if __name__ == "__main__":
     flags.DEFINE_string("workdir", None, "Directory of the sweep (one subdirectory per run).",
                         required=True)
     flags.DEFINE_float("max_wall_s", 0.0, "Start no new run after this many seconds (0: no limit).")
-    flags.DEFINE_string("only", "", "Run only grid entries whose name contains this string.")
+    flags.DEFINE_string("only", "", "Run only grid entries whose name contains this string "
+                      "(or any of several, comma-separated).")
     flags.DEFINE_string("shard", "0/1", "i/n: run grid entries i, i+n, ... (n processes "
                         "sharing one sweep directory).")
     flags.DEFINE_bool("report_only", False, "Run nothing; rebuild the tables and plots.")

@@ -167,3 +167,19 @@ def test_tiny_niah_and_speed_sweeps(tmp_path):
     assert by["softmax"]["64"]["state_bytes"] > by["softmax"]["16"]["state_bytes"]
     assert (tmp_path / "speed" / "speed.png").is_file()
     assert "decode tok/s @64" in (tmp_path / "speed" / "results.md").read_text()
+
+
+def test_only_takes_comma_separated_alternatives(mqar_sweep, tmp_path):
+    """--only=a,b runs the grid entries whose name contains a or b, and no others."""
+    import shutil
+
+    from eval import compare
+
+    cfg, workdir, records, _ = mqar_sweep
+    wd = tmp_path / "only"
+    shutil.copytree(workdir, wd)
+    first, second = (r["run"] for r in records)
+    shutil.rmtree(wd / first)
+    shutil.rmtree(wd / second)
+    done = compare.sweep(cfg, str(wd), only=f"no-such-run,{second}", progress=False)
+    assert [r["run"] for r in done] == [second] and not (wd / first).exists()
