@@ -13,8 +13,8 @@ not hidden (on the H200 it runs at ~3.6x its memory floor). Here, per (head, chu
                       small-register part, so many programs share an SM
     3. _wu_kernel:    W = X diag(beta gamma) K,  Ut = X diag(beta) V  (two C x C x D dots)
 
-    two kernels (PREP_KERNELS = 2; the split of fla's chunk_gated_delta_rule forward,
-    whose K K^T and solve kernel is one):
+    two kernels (PREP_KERNELS = 2, the default; the split of fla's chunk_gated_delta_rule
+    forward, whose K K^T and solve kernel is one):
     1. _kkt_solve_kernel: G_C and X from K alone, A's blocks formed from 16-row blocks of
                       K as the solve needs them (A never goes through memory)
     2. _wu_p_kernel:  W, Ut and P = (Q K^T) * D (so the first kernel reads no Q tile;
