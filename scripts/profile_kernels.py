@@ -230,6 +230,13 @@ def tune_settings(name, default):
                 (("fwd B8 T2048", time_gdn_fwd, 8, 2048),
                  ("fwd B2 T8192", time_gdn_fwd, 2, 8192),
                  ("fwd B1 T32768", time_gdn_fwd, 1, 32768)))
+    if name == "warps":  # the untuned warps: the W/Ut(/P) kernel's, the sequential loops'
+        return ([default, {**default, "wu_warps": 2}, {**default, "wu_warps": 8},
+                 {**default, "seq_warps": 8}],
+                (("fwd B8 T2048", time_gdn_fwd, 8, 2048),
+                 ("fwd+bwd B2 T8192", time_gdn_fwdbwd, 2, 8192),
+                 ("fwd B1 T32768", time_gdn_fwd, 1, 32768),
+                 ("fwd+bwd B1 T32768", time_gdn_fwdbwd, 1, 32768)))
     # (chunk 128 ran out of shared memory at 3 stages everywhere and at 2 stages at
     # B8 T2048 in session 5, call 2, and the two-kernel preparation is in "prep"; neither
     # is repeated here). seq_programs 64: V blocks twice as wide in the sequential loops,
@@ -314,7 +321,7 @@ def main():
     ap.add_argument("--what", default="gdn-fwd,gdn-fwdbwd,gdn-fwdbwd-xbwd,linear-fwdbwd")
     ap.add_argument("--top", type=int, default=14)
     ap.add_argument("--tune", action="store_true", help="time the tunables instead")
-    ap.add_argument("--settings", default="seq", choices=("seq", "prep"),
+    ap.add_argument("--settings", default="seq", choices=("seq", "prep", "warps"),
                     help="which settings --tune-seq compares (tune_settings)")
     ap.add_argument("--fla", action="store_true",
                     help="profile fla's chunk_gated_delta_rule forward instead "

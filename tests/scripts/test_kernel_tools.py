@@ -79,7 +79,7 @@ def test_with_setting_holds_a_switch_while_f_runs_and_restores_it():
     assert mod.SWITCH == "default"
 
 
-@pytest.mark.parametrize("which", ["seq", "prep"])
+@pytest.mark.parametrize("which", ["seq", "prep", "warps"])
 def test_tune_picks_the_fastest_setting_and_writes_it_as_environment(which, tmp_path,
                                                                      monkeypatch):
     """tune_sequential times each setting (here: fake timers that read the knobs the
