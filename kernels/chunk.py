@@ -245,3 +245,47 @@ def linear_attention_parallel(q, k, v, g, run, state):
 def gated_delta_parallel(q, k, v, g, beta, run, state):
     """Quadratic form: one T x T triangular solve for the whole sequence."""
     return gated_delta_chunk(q, k, v, g, beta, run, state, q.shape[2])
+
+
+# Past this many tokens the chunk forms run segment by segment (in_segments). They hold
+# per-chunk tensors of the whole sequence (the (B,H,N,F,D) chunk-start states, the
+# chunk-major copies of the inputs), several times its K x V state bytes per chunk: a
+# Based prefill of B64 T32768 (273 Taylor features) asked the H200 for 354 GiB.
+SEGMENT_TOKENS = 4096
+
+
+def in_segments(chunk_form, per_token, run, state, segment):
+    """chunk_form (linear_attention_chunk / gated_delta_chunk with the chunk size bound)
+    run over `segment`-token pieces one after another (lax.scan carrying the state), so
+    its per-chunk tensors exist for one segment at a time. Exact: each segment starts
+    from the state the previous one ended in. per_token: the (B,H,T,...) inputs (None
+    allowed), run (B,T). Padding tokens change nothing (zeros, the last run index).
+
+    Run indices are made relative to the run open before each segment, so the carried
+    state continues that run (index 0, the run an initial state belongs to) and a new
+    run inside the segment starts from zero as in the whole-sequence form."""
+    b, h, t = next(x for x in per_token if x is not None).shape[:3]
+    n = -(-t // segment)
+    pad = n * segment - t
+
+    def split(x, axis, mode="constant"):   # (..., T, ...) -> (N, ..., segment, ...)
+        if pad:
+            widths = [(0, 0)] * x.ndim
+            widths[axis] = (0, pad)
+            x = jnp.pad(x, widths, mode=mode)
+        x = x.reshape(x.shape[:axis] + (n, segment) + x.shape[axis + 1:])
+        return jnp.moveaxis(x, axis, 0)
+
+    runs = split(run, 1, mode="edge")                                    # (N, B, seg)
+    open_before = jnp.concatenate([jnp.zeros((1, b), run.dtype), runs[:-1, :, -1]], axis=0)
+    xs = ([None if x is None else split(x, 2) for x in per_token],
+          runs - open_before[..., None])
+
+    def step(s, piece):
+        inputs, r = piece
+        o, s = chunk_form(*inputs, r, s)
+        return s, o
+
+    final, o = jax.lax.scan(step, state, xs)                             # o (N,B,H,seg,D)
+    o = jnp.moveaxis(o, 0, 2).reshape(b, h, n * segment, o.shape[-1])
+    return o[:, :, :t], final

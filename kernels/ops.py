@@ -10,6 +10,7 @@ the input dtype and return outputs in the input dtype. `impl` picks the form:
 """
 from __future__ import annotations
 
+import functools
 import importlib
 
 import jax
@@ -161,6 +162,16 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None, segme
     return res if return_state else res[0]
 
 
+def _chunk_form(chunk_form, per_token, run, state, chunk_size):
+    """The pure-JAX chunk form, segment by segment past _chunk.SEGMENT_TOKENS tokens (its
+    per-chunk tensors then exist for one segment at a time; the same result)."""
+    form = functools.partial(chunk_form, chunk_size=chunk_size)
+    segment = max(_chunk.SEGMENT_TOKENS // chunk_size, 1) * chunk_size
+    if run.shape[1] <= segment:
+        return form(*per_token, run, state)
+    return _chunk.in_segments(form, per_token, run, state, segment)
+
+
 def _linear_attention_jax(q, k, v, normalize, eps, log_decay, segment_ids, initial_state,
                           form, chunk_size, out_dtype):
     b, t, h, f = q.shape
@@ -190,7 +201,8 @@ def _linear_attention_jax(q, k, v, normalize, eps, log_decay, segment_ids, initi
         g = jnp.zeros((b, h, t), cdt) if g is None else g
         o, state = _rec.linear_attention_recurrent(qh, kh, vh, g, run, state)
     else:
-        o, state = _chunk.linear_attention_chunk(qh, kh, vh, g, run, state, chunk_size)
+        o, state = _chunk_form(_chunk.linear_attention_chunk, [qh, kh, vh, g], run, state,
+                               chunk_size)
 
     if normalize:
         o = o[..., :dv] / (o[..., dv:] + eps)
@@ -252,5 +264,6 @@ def _gated_delta_jax(q, k, v, log_alpha, beta, segment_ids, initial_state, form,
     elif form == "recurrent":
         o, state = _rec.gated_delta_recurrent(qh, kh, vh, g, bt, run, state)
     else:
-        o, state = _chunk.gated_delta_chunk(qh, kh, vh, g, bt, run, state, chunk_size)
+        o, state = _chunk_form(_chunk.gated_delta_chunk, [qh, kh, vh, g, bt], run, state,
+                               chunk_size)
     return to_time_second(o).astype(out_dtype), state

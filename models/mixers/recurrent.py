@@ -15,6 +15,13 @@ from flax import nnx
 from models.config import ModelConfig
 
 
+# A prefill longer than this many tokens runs piece by piece, carrying the state (and the
+# short conv's), so its feature maps and chunk tensors exist for one piece at a time:
+# Based's whole-prompt prefill of B64 x T32768 (273 float32 Taylor features per head)
+# asked an H200 for 354 GiB. Exact: each piece starts from the state the last one left.
+PREFILL_SEGMENT = 8192
+
+
 class RecurrentMixer(nnx.Module):
     state_grows = False
 
@@ -57,7 +64,12 @@ class RecurrentMixer(nnx.Module):
         return state
 
     def prefill(self, x, state):
-        return self._run(x, state, impl=self.cfg.impl)
+        ys = []
+        for start in range(0, x.shape[1], PREFILL_SEGMENT):
+            y, state = self._run(x[:, start:start + PREFILL_SEGMENT], state,
+                                 impl=self.cfg.impl)
+            ys.append(y)
+        return (ys[0] if len(ys) == 1 else jnp.concatenate(ys, axis=1)), state
 
     def step(self, x_t, state):
         y, state = self._run(x_t[:, None], state, impl="recurrent")

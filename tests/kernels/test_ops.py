@@ -326,6 +326,36 @@ def test_gradients_grid(op, t, cs, decay):
     check_grads(op, make_inputs(op, t, decay=decay, seed=t + cs), cs)
 
 
+@pytest.mark.parametrize("op,decay,segs", [("la", "bth", True), ("la_unnorm", None, True),
+                                           ("la", "h", False), ("gdr", "bth", True)])
+def test_chunk_form_in_segments_is_the_whole_sequence_form(op, decay, segs, monkeypatch):
+    """Past _chunk.SEGMENT_TOKENS tokens the chunk form runs segment by segment, carrying
+    the state (memory for one segment's per-chunk tensors): outputs, final state and
+    gradients still equal the float64 references, with packed documents whose cuts fall
+    inside and at the ends of segments, an initial state, and T not a multiple of the
+    segment (here 16 tokens, chunks of 8, T = 45: three segments and a padded one)."""
+    from kernels import chunk as chunk_mod
+    calls = []
+    real = chunk_mod.in_segments
+
+    def counting(*args, **kwargs):
+        calls.append(args[-1])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(chunk_mod, "SEGMENT_TOKENS", 16)
+    monkeypatch.setattr(chunk_mod, "in_segments", counting)
+    jax.clear_caches()           # traces cached at the default segment length
+    try:
+        x = make_inputs(op, 45, decay=decay, segs=segs, seed=11)
+        if segs:                 # a document starting exactly at a segment boundary
+            x["segment_ids"][1, 32:] = 7
+        check_forward(op, x, "chunk", chunk_size=8)
+        check_grads(op, x, 8, impls=("chunk",))
+        assert calls and set(calls) == {16}
+    finally:
+        jax.clear_caches()
+
+
 # ----------------------------------------------------------------------------- composition
 
 @pytest.mark.parametrize("op", ["la", "la_unnorm", "gdr"])

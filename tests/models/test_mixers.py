@@ -7,6 +7,7 @@ import pytest
 from flax import nnx
 
 from models import MIXERS, get_mixer
+from models.mixers.recurrent import RecurrentMixer
 from tests.models import reference
 from tests.models.helpers import Functional, close, tiny_config
 
@@ -52,6 +53,26 @@ def test_prefill_then_decode_equals_forward(name):
     y0, state = f.method("prefill", x[:, :SPLIT], state)
     y1, _ = f.steps("step", state, x[:, SPLIT:])
     close(full, jnp.concatenate([y0, y1], axis=1))
+
+
+@pytest.mark.parametrize("name", sorted(m for m in ALL if m == "based"
+                                         or issubclass(MIXERS[m], RecurrentMixer)))
+def test_prefill_in_pieces_equals_one_prefill(name, monkeypatch):
+    """A prefill longer than recurrent.PREFILL_SEGMENT runs piece by piece (7 tokens here,
+    T = 18: pieces of 7, 7, 4; Based's through its Taylor part), carrying the op's state and the short conv's: the same
+    outputs and state as the whole prompt at once, and decoding from it equals the full
+    forward."""
+    from models.mixers import recurrent
+    cfg, f = build(name)
+    x = inputs(cfg)
+    state0 = f.module.init_state(B, cfg.max_len)
+    y_one, s_one = f.method("prefill", x[:, :T - 2], state0)
+    monkeypatch.setattr(recurrent, "PREFILL_SEGMENT", 7)
+    y_pieces, s_pieces = f.method("prefill", x[:, :T - 2], state0)
+    close(y_one, y_pieces)
+    jax.tree.map(close, s_one, s_pieces)
+    y_last, _ = f.steps("step", s_pieces, x[:, T - 2:])
+    close(f(x), jnp.concatenate([y_pieces, y_last], axis=1))
 
 
 @pytest.mark.parametrize("name", ALL)
