@@ -41,11 +41,14 @@ from kernels.pallas.intra import (BS, _a_blocks, _block_inverse, _decay_mask, _m
 # KERNELS_PALLAS_{SOLVE,KKT_SOLVE,WU}_WARPS; profile_kernels --tune-seq --settings prep
 # times them). The fused K K^T + solve at 1 warp: 0.465 / 0.500 / 1.467 ms GDN fwd against
 # 0.582 / 0.615 / 1.706 at 2 and 0.752 / 0.785 / 2.048 at 4 (H200, session 6; those two
-# with the "highest" solve precision). The K K^T and W/Ut kernels' 4: untuned.
+# with the "highest" solve precision). The W/Ut(/P) kernel at 8 warps: GDN fwd+bwd
+# 1.938 -> 1.907 ms at B2 T8192, 4.655 -> 4.569 ms at B1 T32768, fwd 1.493 -> 1.486 ms at
+# B1 T32768 and 0.467 -> 0.472 at B8 T2048 against 4 (2: slower everywhere; session 6,
+# profile_kernels --tune-seq --settings warps). The K K^T kernel's 4: untuned.
 KKT_WARPS = 4
 SOLVE_WARPS = int(os.environ.get("KERNELS_PALLAS_SOLVE_WARPS", "1"))
 KKT_SOLVE_WARPS = int(os.environ.get("KERNELS_PALLAS_KKT_SOLVE_WARPS", "1"))
-WU_WARPS = int(os.environ.get("KERNELS_PALLAS_WU_WARPS", "4"))
+WU_WARPS = int(os.environ.get("KERNELS_PALLAS_WU_WARPS", "8"))
 
 
 def _p_tile(q, k, dmat, prec):
