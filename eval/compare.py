@@ -197,13 +197,19 @@ def run_speed(cfg: Mapping, run: Mapping, deadline: float | None, log) -> dict[s
                       decode_batch=s.get("decode_batch", 1),
                       decode_tokens=s.get("decode_tokens", 32), deadline=deadline, log=log)
     tps = [c.get("tokens_per_s") for c in m["train"].values() if "tokens_per_s" in c]
-    skipped = [f"{kind} {n}" for kind in ("train", "decode") for n, c in m[kind].items()
-               if str(c.get("error", "")).startswith("skipped")]
+    errors = {f"{kind} {n}": str(c["error"]) for kind in ("train", "decode")
+              for n, c in m[kind].items() if "error" in c}
+    skipped = [cell for cell, err in errors.items() if err.startswith("skipped")]
+    failed = [f"{cell} failed ({err.split(':')[0]})" for cell, err in errors.items()
+              if cell not in skipped]
+    # A failed or skipped length leaves the run partial: shown, and measured again by the
+    # next invocation (after a fix, say), like a run cut by the time budget.
+    why = ([f"the time budget ran out before {', '.join(skipped)}"] if skipped else []) + failed
     return {"metrics": {"train": m["train"], "decode": m["decode"]}, "params": m["params"],
             "state_size": m["state_size"], "d_model": model_cfg.get("d_model"),
             "layers": model_cfg.get("num_layers"), "step": 0,
             "tokens_per_s": max(tps) if tps else None,
-            "partial": f"the time budget ran out before {', '.join(skipped)}" if skipped else None}
+            "partial": "; ".join(why) if why else None}
 
 
 def train_subprocess(cfg: Mapping, run: Mapping, run_dir: str, python: str) -> None:
@@ -423,12 +429,15 @@ def sweep(cfg: Mapping[str, Any], workdir: str, *, python: str = sys.executable,
                               {"error": f"{type(e).__name__}: {e}"})
             log(f"compare: {run['name']} FAILED: {type(e).__name__}: {str(e)[:500]}")
         else:
-            if rec.get("partial"):  # cut by the time budget: shown, but measured again next time
+            if rec.get("partial"):  # cut by the time budget, or a failed length: shown,
+                # but measured again by the next invocation (the loop's deadline check
+                # stops the sweep when the budget is spent)
                 common.write_json(os.path.join(run_dir, "partial.json"), rec)
                 log(f"compare: {run['name']}: {rec['partial']}; kept as partial.json, "
                     "redone by the next invocation")
                 write_outputs(cfg, grid, workdir)
-                break
+                bar.update(1)
+                continue
             for stale in ("failed.json", "partial.json"):
                 if os.path.exists(os.path.join(run_dir, stale)):
                     os.remove(os.path.join(run_dir, stale))

@@ -183,3 +183,35 @@ def test_only_takes_comma_separated_alternatives(mqar_sweep, tmp_path):
     shutil.rmtree(wd / second)
     done = compare.sweep(cfg, str(wd), only=f"no-such-run,{second}", progress=False)
     assert [r["run"] for r in done] == [second] and not (wd / first).exists()
+
+
+def test_a_failed_speed_length_is_retried_without_stopping_the_sweep(tmp_path, monkeypatch):
+    """A length that raises (an OOM, say) leaves its run partial (shown, partial.json, no
+    done.json) while the sweep goes on to the next run; the next invocation measures that
+    run again and, with the failure gone, finishes it."""
+    from eval import compare, speed
+
+    cfg = load_compare_config("compare_speed", "tiny")
+    real = speed.decode_time
+
+    def oom_at_64(model, batch, context, new_tokens):
+        if context == 64:
+            raise RuntimeError("RESOURCE_EXHAUSTED: Out of memory (test)")
+        return real(model, batch, context, new_tokens)
+
+    monkeypatch.setattr(speed, "decode_time", oom_at_64)
+    wd = tmp_path / "speed"
+    recs = compare.sweep(cfg, str(wd), progress=False)
+    assert [r["mixer"] for r in recs] == ["softmax", "gated_deltanet"]   # both attempted
+    for r in recs:
+        assert "decode 64 failed (RuntimeError)" in r["partial"]
+        assert "tokens_per_s" in r["metrics"]["decode"]["16"]
+        assert (wd / r["run"] / "partial.json").is_file()
+        assert not (wd / r["run"] / "done.json").exists()
+    assert "Failed or incomplete runs" in (wd / "results.md").read_text()
+    monkeypatch.setattr(speed, "decode_time", real)
+    recs = compare.sweep(cfg, str(wd), progress=False)
+    for r in recs:
+        assert not r.get("partial") and "tokens_per_s" in r["metrics"]["decode"]["64"]
+        assert (wd / r["run"] / "done.json").is_file()
+        assert not (wd / r["run"] / "partial.json").exists()
