@@ -33,6 +33,14 @@ def backend() -> str:
     return jax.default_backend()
 
 
+def check_switch(where: str, env: str, value, choices) -> None:
+    """A module switch (read when traced) must hold one of its choices; the error names
+    the attribute `where` (e.g. "intra.PREP_KERNELS") and the environment variable `env`
+    that set it."""
+    if value not in choices:
+        raise ValueError(f"kernels.pallas.{where} (env {env}) is {value!r}; valid: {choices}")
+
+
 def resolve_variant(variant: str | None) -> str:
     """The kernel variant for this backend unless one is forced (tests force both)."""
     if variant is None:

@@ -106,9 +106,7 @@ def _prep_bwd(chunk, res, cts):
     if PREP_BWD == "xla":
         _, pull = jax.vjp(lambda *a: prep_xla(*a, chunk, inverse), *inputs)
         return pull(cts)
-    if PREP_BWD != "pallas":
-        raise ValueError(f"kernels.pallas.gdn.PREP_BWD (env KERNELS_GDN_PREP_BWD) is "
-                         f"{PREP_BWD!r}; valid: {PREP_BWD_CHOICES}")
+    common.check_switch("gdn.PREP_BWD", "KERNELS_GDN_PREP_BWD", PREP_BWD, PREP_BWD_CHOICES)
     q, k, v, g, beta = inputs
     return _prep_pallas_vjp(q, k, v, prep.in_chunk_cumsum(g, chunk), beta, inverse, cts,
                             chunk)

@@ -71,7 +71,8 @@ def _decay_mask(g, chunk):
 # KERNELS_PALLAS_DIAG_INVERSE): "power", (I - N)(I + N^2)(I + N^4)(I + N^8), six
 # dependent-in-pairs 16 x 16 float32 products; or "rows", forward substitution one row
 # at a time with elementwise products and sums (no matrix products; what fla's
-# solve_tril does for its 16 x 16 blocks). "power" until "rows" is timed on a GPU.
+# solve_tril does for its 16 x 16 blocks). "power": "rows" was slower in every form timed
+# on the H200 (session 6; docs/benchmarks.md).
 DIAG_INVERSE_CHOICES = ("power", "rows")
 DIAG_INVERSE = os.environ.get("KERNELS_PALLAS_DIAG_INVERSE", "power")
 
@@ -88,10 +89,8 @@ def solve_precision(dtype):
     float32 for float32 inputs; for bf16 / fp16 inputs Precision.HIGH, which Triton runs
     as one TF32 tensor-core pass (fla's solve_tril does the same) instead of float32 FMAs.
     Its ~1e-3 relative error is below the bf16 rounding X gets before W = X Rk anyway."""
-    if SOLVE_PRECISION not in SOLVE_PRECISION_CHOICES:
-        raise ValueError(f"kernels.pallas.intra.SOLVE_PRECISION (env "
-                         f"KERNELS_PALLAS_SOLVE_PRECISION) is {SOLVE_PRECISION!r}; valid: "
-                         f"{SOLVE_PRECISION_CHOICES}")
+    common.check_switch("intra.SOLVE_PRECISION", "KERNELS_PALLAS_SOLVE_PRECISION",
+                        SOLVE_PRECISION, SOLVE_PRECISION_CHOICES)
     if jnp.dtype(dtype) == jnp.float32 or SOLVE_PRECISION == "highest":
         return lax.Precision.HIGHEST
     return lax.Precision.HIGH
@@ -102,9 +101,8 @@ def _block_inverse(a_block, nb, hi=lax.Precision.HIGHEST):
     blocks a_block(i, m) (m <= i): each diagonal block by _unit_lower_inverse, the ones
     below by block forward substitution X_ij = -X_ii sum_{j <= m < i} A_im X_mj. hi: the
     products' precision (solve_precision)."""
-    if DIAG_INVERSE not in DIAG_INVERSE_CHOICES:
-        raise ValueError(f"kernels.pallas.intra.DIAG_INVERSE (env KERNELS_PALLAS_DIAG_INVERSE)"
-                         f" is {DIAG_INVERSE!r}; valid: {DIAG_INVERSE_CHOICES}")
+    common.check_switch("intra.DIAG_INVERSE", "KERNELS_PALLAS_DIAG_INVERSE", DIAG_INVERSE,
+                        DIAG_INVERSE_CHOICES)
     diag_inverse = (functools.partial(_unit_lower_inverse, hi=hi) if DIAG_INVERSE == "power"
                     else _unit_lower_inverse_rows)
     x = {}
@@ -208,9 +206,8 @@ def gdn_intra(q, k, v, big_g, beta, *, chunk, with_inverse=True):
     with_inverse only, the float32 inverse X = (I + A)^-1 per chunk as (B*H, Tp, C): the
     backward's stand-in for the triangular solve, 256 bytes per token and head that a
     forward without gradients need not write."""
-    if PREP_KERNELS not in PREP_KERNELS_CHOICES:
-        raise ValueError(f"kernels.pallas.intra.PREP_KERNELS (env KERNELS_PALLAS_PREP_KERNELS)"
-                         f" is {PREP_KERNELS!r}; valid: {PREP_KERNELS_CHOICES}")
+    common.check_switch("intra.PREP_KERNELS", "KERNELS_PALLAS_PREP_KERNELS", PREP_KERNELS,
+                        PREP_KERNELS_CHOICES)
     if PREP_KERNELS > 1:
         from kernels.pallas.intra_split import gdn_intra_split  # (it imports this module)
         return gdn_intra_split(q, k, v, big_g, beta, chunk=chunk, with_inverse=with_inverse,

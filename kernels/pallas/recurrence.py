@@ -328,9 +328,8 @@ SPLIT_FWD = os.environ.get("KERNELS_PALLAS_SPLIT_FWD", "grad")
 
 
 def _split_forward(cfg: Config, save: bool) -> bool:
-    if SPLIT_FWD not in SPLIT_FWD_CHOICES:
-        raise ValueError(f"kernels.pallas.recurrence.SPLIT_FWD (env KERNELS_PALLAS_SPLIT_FWD)"
-                         f" is {SPLIT_FWD!r}; valid: {SPLIT_FWD_CHOICES}")
+    common.check_switch("recurrence.SPLIT_FWD", "KERNELS_PALLAS_SPLIT_FWD", SPLIT_FWD,
+                        SPLIT_FWD_CHOICES)
     # the two-level scan (SEQ_SEGMENTS) is a form of the split forward's state pass
     return cfg.variant == "gpu" and (SPLIT_FWD == "always" or (SPLIT_FWD == "grad" and save)
                                      or SEQ_SEGMENTS > 1)

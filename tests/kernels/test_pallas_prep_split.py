@@ -49,16 +49,16 @@ def test_split_preparation_equals_the_one_kernel(dtype, tol, edges, kernels, mon
     args = prep_inputs(3, dtype, edges)
     monkeypatch.setattr(intra, "PREP_KERNELS", 1)
     one = intra.gdn_intra(*args, chunk=C, with_inverse=True)
-    three = gdn_intra_split(*args, chunk=C, with_inverse=True, kernels=kernels)
+    split = gdn_intra_split(*args, chunk=C, with_inverse=True, kernels=kernels)
     names = ["w", "ut", "p", "gcl", "inverse"]
-    assert len(one) == len(three) == 5
-    for name, a, b in zip(names, three, one):
+    assert len(one) == len(split) == 5
+    for name, a, b in zip(names, split, one):
         assert a.shape == b.shape and a.dtype == b.dtype, name
         assert rel(a, b) <= tol, (name, rel(a, b))
     # without the inverse (X then in the input dtype) the outputs are bit for bit the same
     lean = gdn_intra_split(*args, chunk=C, with_inverse=False, kernels=kernels)
     assert len(lean) == 4
-    for a, b in zip(lean, three):
+    for a, b in zip(lean, split):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
@@ -107,10 +107,12 @@ def test_diagonal_inverses_agree_with_float64():
         assert rel(got, want) <= 1e-5, (fn.__name__, rel(got, want))
 
 
-def test_bad_diag_inverse_is_refused(monkeypatch):
-    monkeypatch.setattr(intra, "DIAG_INVERSE", "cholesky")
-    with pytest.raises(ValueError, match="DIAG_INVERSE"):
-        gdn_intra_split(*prep_inputs(6, jnp.float32), chunk=C)
+@pytest.mark.parametrize("attr,bad", [("DIAG_INVERSE", "cholesky"),
+                                      ("SOLVE_PRECISION", "tf32")])
+def test_bad_solve_switch_is_refused(attr, bad, monkeypatch):
+    monkeypatch.setattr(intra, attr, bad)
+    with pytest.raises(ValueError, match=f"intra.{attr} .env KERNELS_PALLAS_{attr}. is"):
+        gdn_intra_split(*prep_inputs(6, jnp.bfloat16), chunk=C)
 
 
 @pytest.mark.parametrize("dtype,setting,want", [
@@ -120,8 +122,8 @@ def test_solve_products_lower_to_the_chosen_triton_precision(dtype, setting, wan
                                                              monkeypatch):
     """intra.SOLVE_PRECISION: the solve's float32 products lower (Pallas' Triton lowering,
     run on CPU) to TF32 tensor-core dots for bf16 inputs by default, to IEEE float32 dots
-    for float32 inputs always and for bf16 ones under "highest". The preparation's other
-    dots multiply bf16 / float32 inputs at their own precision (None / IEEE)."""
+    for float32 inputs always and for bf16 ones under "highest". (The preparation's bf16
+    dots lower with Triton's default, also recorded as TF32, which bf16 operands ignore.)"""
     from jax._src.pallas.triton import lowering
     seen = []
     real_dot = lowering.tt_dialect.dot
