@@ -181,6 +181,16 @@ def _delta_states(state, u_tilde, w, weighted_k, gamma_end):
 
 # ----------------------------------------------------------------------------- layout
 
+def _pad_split(x, axis, pieces, size, mode="constant"):
+    """Pad axis `axis` of x to pieces * size and split it into (pieces, size)."""
+    pad = pieces * size - x.shape[axis]
+    if pad:
+        widths = [(0, 0)] * x.ndim
+        widths[axis] = (0, pad)
+        x = jnp.pad(x, widths, mode=mode)
+    return x.reshape(x.shape[:axis] + (pieces, size) + x.shape[axis + 1:])
+
+
 def _to_chunks(per_token, run, chunk_size):
     """Pad the time axis to whole chunks and split it: (B,H,T,...) -> (B,H,N,C,...).
 
@@ -191,17 +201,8 @@ def _to_chunks(per_token, run, chunk_size):
     b, t = run.shape
     c = min(chunk_size, t)
     n = -(-t // c)
-    pad = n * c - t
-
-    def split(x, axis, mode="constant"):
-        if pad:
-            widths = [(0, 0)] * x.ndim
-            widths[axis] = (0, pad)
-            x = jnp.pad(x, widths, mode=mode)
-        return x.reshape(x.shape[:axis] + (n, c) + x.shape[axis + 1:])
-
-    chunks = [None if x is None else split(x, 2) for x in per_token]
-    run_c = split(run, 1, mode="edge")  # (B,N,C)
+    chunks = [None if x is None else _pad_split(x, 2, n, c) for x in per_token]
+    run_c = _pad_split(run, 1, n, c, mode="edge")  # (B,N,C)
     prev_run = jnp.concatenate([jnp.zeros((b, 1), run.dtype), run_c[:, :-1, -1]], axis=1)
     return chunks, run_c, prev_run
 
@@ -266,15 +267,9 @@ def in_segments(chunk_form, per_token, run, state, segment):
     run inside the segment starts from zero as in the whole-sequence form."""
     b, h, t = next(x for x in per_token if x is not None).shape[:3]
     n = -(-t // segment)
-    pad = n * segment - t
 
     def split(x, axis, mode="constant"):   # (..., T, ...) -> (N, ..., segment, ...)
-        if pad:
-            widths = [(0, 0)] * x.ndim
-            widths[axis] = (0, pad)
-            x = jnp.pad(x, widths, mode=mode)
-        x = x.reshape(x.shape[:axis] + (n, segment) + x.shape[axis + 1:])
-        return jnp.moveaxis(x, axis, 0)
+        return jnp.moveaxis(_pad_split(x, axis, n, segment, mode), axis, 0)
 
     runs = split(run, 1, mode="edge")                                    # (N, B, seg)
     open_before = jnp.concatenate([jnp.zeros((1, b), run.dtype), runs[:-1, :, -1]], axis=0)
