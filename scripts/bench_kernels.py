@@ -253,14 +253,22 @@ def fla_module():
         return None, None
 
 
-def fla_rows(torch, fops, b, t, graph=False):
-    out = {}
+def fla_gdn_inputs(torch, b, t):
+    """fla's gated-delta-rule inputs on the GPU, as gdn_inputs makes ours: unit q and k,
+    bf16 q k v, float32 log-decays (logsigmoid) and beta in (0.5, 0.73)."""
     dev = "cuda"
     q = torch.nn.functional.normalize(torch.randn(b, t, H, D, device=dev), dim=-1).bfloat16()
     k = torch.nn.functional.normalize(torch.randn(b, t, H, D, device=dev), dim=-1).bfloat16()
     v = torch.randn(b, t, H, D, device=dev).bfloat16()
     g = torch.nn.functional.logsigmoid(torch.randn(b, t, H, device=dev)).float()
     beta = torch.rand(b, t, H, device=dev).sigmoid().float()
+    return q, k, v, g, beta
+
+
+def fla_rows(torch, fops, b, t, graph=False):
+    out = {}
+    dev = "cuda"
+    q, k, v, g, beta = fla_gdn_inputs(torch, b, t)
     with torch.no_grad():
         out["gdn"] = time_torch(lambda: fops.chunk_gated_delta_rule(q, k, v, g, beta), graph)
         qa, ka = (torch.softmax(torch.randn(b, t, H, D, device=dev), -1).bfloat16()
@@ -271,14 +279,8 @@ def fla_rows(torch, fops, b, t, graph=False):
 
 
 def fla_decode(torch, fops):
-    dev = "cuda"
-    b = DECODE_B
-    q = torch.nn.functional.normalize(torch.randn(b, 1, H, D, device=dev), dim=-1).bfloat16()
-    k = torch.nn.functional.normalize(torch.randn(b, 1, H, D, device=dev), dim=-1).bfloat16()
-    v = torch.randn(b, 1, H, D, device=dev).bfloat16()
-    g = torch.nn.functional.logsigmoid(torch.randn(b, 1, H, device=dev)).float()
-    beta = torch.rand(b, 1, H, device=dev).sigmoid().float()
-    s = torch.randn(b, H, D, D, device=dev).float()
+    q, k, v, g, beta = fla_gdn_inputs(torch, DECODE_B, 1)
+    s = torch.randn(DECODE_B, H, D, D, device="cuda").float()
     with torch.no_grad():
         return time_torch(lambda: fops.fused_recurrent_gated_delta_rule(
             q, k, v, g, beta=beta, initial_state=s, output_final_state=True))

@@ -49,6 +49,7 @@ def prep_gdn(n):
 
 
 def cases(b, t, what):
+    from kernels.pallas import intra
     key = jax.random.PRNGKey(b * t)
     q, k, v, g, beta = bk.gdn_inputs(key, b, t)
     do = jax.random.normal(jax.random.fold_in(key, 2), v.shape, jnp.float32).astype(v.dtype)
@@ -62,11 +63,11 @@ def cases(b, t, what):
         # splits it into a state pass + an output pass under a gradient only)
         "gdn-fwd-split": lambda: (jax.jit(split_gdn()), (q, k, v, g, beta)),
         "gdn-fwdbwd-split": lambda: (bk.fwd_bwd(split_gdn(), 5), (q, k, v, g, beta, do)),
-        # the preparation as 1 or 2 kernels (intra.PREP_KERNELS; the default is 3)
+        # the preparation as n kernels (intra.PREP_KERNELS, whatever the default)
         **{f"gdn-fwd-prep{n}": (lambda n=n: (jax.jit(prep_gdn(n)), (q, k, v, g, beta)))
-           for n in (1, 2)},
+           for n in intra.PREP_KERNELS_CHOICES},
         **{f"gdn-fwdbwd-prep{n}": (lambda n=n: (bk.fwd_bwd(prep_gdn(n), 5),
-                                                (q, k, v, g, beta, do))) for n in (1, 2)},
+                                                (q, k, v, g, beta, do))) for n in intra.PREP_KERNELS_CHOICES},
     }
     for name in what:
         yield name, *table[name]()
@@ -111,12 +112,7 @@ def profile_fla(shapes, top):
     from torch.profiler import ProfilerActivity, profile as tprofile
     results = {}
     for b, t in shapes:
-        dev = "cuda"
-        q, k = (torch.nn.functional.normalize(torch.randn(b, t, bk.H, bk.D, device=dev),
-                                              dim=-1).bfloat16() for _ in range(2))
-        v = torch.randn(b, t, bk.H, bk.D, device=dev).bfloat16()
-        g = torch.nn.functional.logsigmoid(torch.randn(b, t, bk.H, device=dev)).float()
-        beta = torch.rand(b, t, bk.H, device=dev).sigmoid().float()
+        q, k, v, g, beta = bk.fla_gdn_inputs(torch, b, t)
         with torch.no_grad():
             for _ in range(3):   # warm-up (Triton autotuning, compilation)
                 fops.chunk_gated_delta_rule(q, k, v, g, beta)
@@ -221,33 +217,28 @@ def tune_settings(name, default):
     """The settings a --tune-seq run compares (name: --settings), each one change from
     the defaults, and the cases it times them on."""
     if name == "prep":   # the triangular solve of the preparation, in the forward
-        # (session 6, call 1, solve products at "highest": solve warps 2 and the two-kernel
-        # form with rows at 1 warp were fastest; rows in three kernels and 4 warps slower)
-        fused = {**default, "prep_kernels": 2, "kkt_solve_warps": 1}
-        return ([default, {**default, "solve_warps": 2},
-                 {**default, "solve_warps": 2, "solve_precision": "highest"},
-                 {**fused, "diag_inverse": "rows"}, {**fused, "diag_inverse": "power"}],
+        # (session 6: the two-kernel form at 1 warp with TF32 products won, now the
+        # default; rows, more warps and three kernels were slower) each against it
+        return ([default, {**default, "prep_kernels": 3},
+                 {**default, "solve_precision": "highest"},
+                 {**default, "diag_inverse": "rows"}, {**default, "kkt_solve_warps": 2}],
                 (("fwd B8 T2048", time_gdn_fwd, 8, 2048),
                  ("fwd B2 T8192", time_gdn_fwd, 2, 8192),
                  ("fwd B1 T32768", time_gdn_fwd, 1, 32768)))
+    # the shapes with targets: GDN fwd at all three, fwd+bwd at T8192 and T32768 only
+    targets = (("fwd B8 T2048", time_gdn_fwd, 8, 2048),
+               ("fwd+bwd B2 T8192", time_gdn_fwdbwd, 2, 8192),
+               ("fwd B1 T32768", time_gdn_fwd, 1, 32768),
+               ("fwd+bwd B1 T32768", time_gdn_fwdbwd, 1, 32768))
     if name == "warps":  # the untuned warps: the W/Ut(/P) kernel's, the sequential loops'
         # (session 6: W/Ut at 8 warps won, now the default; 2, and the loops at 8, slower)
-        return ([default, {**default, "wu_warps": 4}, {**default, "seq_warps": 8}],
-                (("fwd B8 T2048", time_gdn_fwd, 8, 2048),
-                 ("fwd+bwd B2 T8192", time_gdn_fwdbwd, 2, 8192),
-                 ("fwd B1 T32768", time_gdn_fwd, 1, 32768),
-                 ("fwd+bwd B1 T32768", time_gdn_fwdbwd, 1, 32768)))
+        return [default, {**default, "wu_warps": 4}, {**default, "seq_warps": 8}], targets
     # (chunk 128 ran out of shared memory at 3 stages everywhere and at 2 stages at
     # B8 T2048 in session 5, call 2, and the two-kernel preparation is in "prep"; neither
     # is repeated here). seq_programs 64: V blocks twice as wide in the sequential loops,
-    # half the programs, for the long single-sequence case. No fwd+bwd at B8 T2048: the
-    # issue sets fwd+bwd targets at T8192 and T32768 only.
+    # half the programs, for the long single-sequence case.
     return ([default, {**default, "prep_bwd_warps": 8}, {**default, "output_warps": 8},
-             {**default, "seq_stages": 2}, {**default, "seq_programs": 64}],
-            (("fwd B8 T2048", time_gdn_fwd, 8, 2048),
-             ("fwd+bwd B2 T8192", time_gdn_fwdbwd, 2, 8192),
-             ("fwd B1 T32768", time_gdn_fwd, 1, 32768),
-             ("fwd+bwd B1 T32768", time_gdn_fwdbwd, 1, 32768)))
+             {**default, "seq_stages": 2}, {**default, "seq_programs": 64}], targets)
 
 
 def fla_anchor_rows(cases_):
