@@ -47,12 +47,13 @@ def with_prep_bwd(params):
     into a state pass + an output pass under a gradient) or split without a gradient too
     ("always"), with the preparation as one or three kernels ("prep1", "prep3":
     intra.PREP_KERNELS; the others run the default two), with the row-wise diagonal
-    inverse ("rows": intra.DIAG_INVERSE), and with the state pass as a two-level scan over 3 segments
-    ("seg3": recurrence.SEQ_SEGMENTS), with the case's marks; the "tpu" program
+    inverse ("rows": intra.DIAG_INVERSE), and with the state pass as a two-level scan
+    over 3 segments ("seg3": recurrence.SEQ_SEGMENTS), with the case's marks; the "tpu" program
     differentiates the XLA preparation, so one run."""
     out = []
     for p in params:
-        bwds = ((*kp_gdn.PREP_BWD_CHOICES, "fused", "never", "always", "prep1", "prep3", "rows", "seg3")
+        bwds = ((*kp_gdn.PREP_BWD_CHOICES, "fused", "never", "always", "prep1", "prep3",
+                 "rows", "seg3")
                 if p.values[0] == "gpu" else ("xla",))
         for bwd in bwds:
             out.append(pytest.param(*p.values, bwd, marks=p.marks))
