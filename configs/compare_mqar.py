@@ -71,7 +71,8 @@ def get_config(arg: str = ""):
     # 2,000 in a first H200 run; softmax d256 and gated_deltanet d64 did not learn at 3e-3.
     c.settings = [_setting(256, 16)]
     c.mixers = [_mixer(m) for m in ("softmax", "gated_deltanet", "based", "deltanet",
-                                    "linear", "sliding_window")]
+                                    "linear", "sliding_window", "hedgehog", "performer",
+                                    "lightning")]
     c.sizes = [_width(d) for d in (128, 64, 256)]
     c.lrs = [3e-3, 1e-3]
     c.overrides.train.update({"steps": 2000, "batch_size": 128, "precision": "bfloat16",
