@@ -251,7 +251,7 @@ def gated_delta_parallel(q, k, v, g, beta, run, state):
 # Past this many tokens the chunk forms run segment by segment (in_segments). They hold
 # per-chunk tensors of the whole sequence (the (B,H,N,F,D) chunk-start states, the
 # chunk-major copies of the inputs), several times its K x V state bytes per chunk: a
-# Based prefill of B64 T32768 (273 Taylor features) asked the H200 for 354 GiB.
+# Based prefill of B64 T32768 (then 273 Taylor features) asked the H200 for 354 GiB.
 SEGMENT_TOKENS = 4096
 
 

@@ -67,6 +67,53 @@ def _call_pallas(name, fallback, *args, **kwargs):
         return fallback()
 
 
+# Head dims the Pallas kernels tile (powers of two, 16 to 256). Other dims are zero-padded
+# up to the next one for the kernel call and the outputs and state cut back: exact for
+# both ops (a zero key / query feature adds nothing to any dot product, and the padded
+# state rows and value columns stay zero), e.g. Based's 153 Taylor features run as 256.
+_PALLAS_DIMS = (16, 32, 64, 128, 256)
+
+
+def _pallas_dim(d):
+    """The head dim the Pallas call uses for d: the next tiled size, or d past the
+    largest (the kernel then refuses it and impl="auto" takes the chunk form)."""
+    return next((p for p in _PALLAS_DIMS if p >= d), d)
+
+
+def _pad_last(x, size, axis=-1):
+    """Zero-pad x along axis up to size."""
+    if x is None or x.shape[axis] == size:
+        return x
+    pad = [(0, 0)] * x.ndim
+    pad[axis] = (0, size - x.shape[axis])
+    return jnp.pad(x, pad)
+
+
+def _call_pallas_padded(name, fallback, q, k, v, *args, initial_state, **kwargs):
+    """_call_pallas with the key/feature and value dims padded to tiled sizes (above);
+    returns (o, state) cut back to the caller's dims. initial_state: S (B,H,F,Dv), or the
+    pair (S, z (B,H,F)) with normalize."""
+    normalize = kwargs.get("normalize", False)
+    f, dv = k.shape[-1], v.shape[-1]
+    fp, dvp = _pallas_dim(f), _pallas_dim(dv)
+    if (fp, dvp) == (f, dv):
+        return _call_pallas(name, fallback, q, k, v, *args, initial_state=initial_state,
+                            **kwargs)
+
+    def pad_s(s):
+        return _pad_last(_pad_last(s, fp, axis=-2), dvp)
+
+    if initial_state is not None:
+        initial_state = ((pad_s(initial_state[0]), _pad_last(initial_state[1], fp))
+                         if normalize else pad_s(initial_state))
+    o, state = _call_pallas(name, fallback, _pad_last(q, fp), _pad_last(k, fp),
+                            _pad_last(v, dvp), *args, initial_state=initial_state, **kwargs)
+    # cut back (a no-op where the fallback ran on the caller's dims)
+    if normalize:
+        return o[..., :dv], (state[0][..., :f, :dv], state[1][..., :f])
+    return o[..., :dv], state[..., :f, :dv]
+
+
 # ----------------------------------------------------------------------------- validation
 
 def _compute_dtype(dtype):
@@ -154,9 +201,10 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None, segme
 
     if resolved in ("pallas", "pallas?"):
         fallback = (lambda: pure_jax("chunk")) if resolved == "pallas?" else None
-        res = _call_pallas("linear_attention", fallback, q, k, v, normalize=normalize, eps=eps,
-                           log_decay=decay_as_given, initial_state=initial_state,
-                           return_state=True, chunk_size=chunk_size)
+        res = _call_pallas_padded("linear_attention", fallback, q, k, v, normalize=normalize,
+                                  eps=eps, log_decay=decay_as_given,
+                                  initial_state=initial_state, return_state=True,
+                                  chunk_size=chunk_size)
     else:
         res = pure_jax(resolved)
     return res if return_state else res[0]
@@ -240,9 +288,9 @@ def gated_delta_rule(q, k, v, log_alpha, beta, *, segment_ids=None, initial_stat
 
     if resolved in ("pallas", "pallas?"):
         fallback = (lambda: pure_jax("chunk")) if resolved == "pallas?" else None
-        res = _call_pallas("gated_delta_rule", fallback, q, k, v, log_alpha, beta,
-                           initial_state=initial_state, return_state=True,
-                           chunk_size=chunk_size)
+        res = _call_pallas_padded("gated_delta_rule", fallback, q, k, v, log_alpha, beta,
+                                  initial_state=initial_state, return_state=True,
+                                  chunk_size=chunk_size)
     else:
         res = pure_jax(resolved)
     return res if return_state else res[0]

@@ -46,12 +46,13 @@ def peak_flops_per_device(device=None, precision: str = "float32") -> float:
 
 def feature_dim(model: Mapping[str, Any], head_dim: int) -> int:
   """F of a linear mixer from its feature map (seed 000 / ANCHORS: Based's Taylor map on
-  16-dim projections has 1 + 16 + 256 = 273 features, Hedgehog doubles, Performer uses m)."""
+  16-dim projections has 1 + 16 + 256 = 273 features, of which models.feature_maps.
+  taylor_symmetric keeps 153, the distinct ones; Hedgehog doubles, Performer uses m)."""
   fmap = str(model.get("feature_map") or "").lower()
   mixer = str(model.get("mixer") or "").lower()
   if fmap == "taylor" or mixer == "based":
     d = int(model.get("feature_dim") or 16)
-    return 1 + d + d * d
+    return 1 + d + d * (d + 1) // 2
   if fmap == "hedgehog" or mixer == "hedgehog":
     return 2 * int(model.get("feature_dim") or head_dim)
   if fmap in ("performer", "favor", "favor+") or mixer == "performer":

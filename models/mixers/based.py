@@ -2,8 +2,10 @@
 
 The linear part projects q and k to cfg.based_feature_dim (16) per head, scales them by
 d^(-1/4) and applies the second-order Taylor map, so phi(q) . phi(k) = 1 + s + s^2/2 with
-s = q . k / sqrt(d) (273 features at d = 16), normalised as in Based's
-`LinearAttention`. The window part is exact softmax over the last cfg.window tokens (64).
+s = q . k / sqrt(d), normalised as in Based's `LinearAttention`. The map stores each
+symmetric pair of the outer product once (fm.taylor_symmetric: 153 features at d = 16
+where Based's code keeps all 273): the same kernel, so the same model, with a 44%
+smaller decode state, and on GPU the Pallas kernel runs it padded to 256 features. The window part is exact softmax over the last cfg.window tokens (64).
 Based interleaves the two; here one mixer holds both and sums their outputs, so the
 layer recalls precisely nearby (window) and approximately far away (Taylor state).
 """
@@ -25,10 +27,10 @@ class TaylorLinearAttention(_FeatureMapAttention):
         super().__init__(cfg, rngs=rngs, qk_dim=cfg.based_feature_dim)
 
     def feature_dim(self) -> int:
-        return fm.taylor_dim(self.qk_dim)
+        return fm.taylor_symmetric_dim(self.qk_dim)
 
     def _phi(self, x, *, query: bool):
-        return fm.taylor(x * self.qk_dim ** -0.25)
+        return fm.taylor_symmetric(x * self.qk_dim ** -0.25)
 
 
 @register("based")

@@ -17,7 +17,7 @@ from models.config import ModelConfig
 
 # A prefill longer than this many tokens runs piece by piece, carrying the state (and the
 # short conv's), so its feature maps and chunk tensors exist for one piece at a time:
-# Based's whole-prompt prefill of B64 x T32768 (273 float32 Taylor features per head)
+# Based's whole-prompt prefill of B64 x T32768 (then 273 float32 Taylor features a head)
 # asked an H200 for 354 GiB. Exact: each piece starts from the state the last one left.
 PREFILL_SEGMENT = 8192
 

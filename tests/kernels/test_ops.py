@@ -417,12 +417,16 @@ def test_auto_on_cpu_is_chunk():
     np.testing.assert_array_equal(o_auto, o_chunk)
 
 
-def _fake_pallas(monkeypatch, *, supported):
+def _fake_pallas(monkeypatch, *, supported, dims=None):
+    """A stand-in kernels.pallas on a (faked) GPU backend: records the calls (and in dims
+    the (key, value) head dims each was given) and runs the recurrent form."""
     calls = []
+    dims = [] if dims is None else dims
 
     def linear_attention(q, k, v, *, normalize, eps, log_decay, initial_state,
                          return_state, chunk_size):
         calls.append("la")
+        dims.append((k.shape[-1], v.shape[-1]))
         if not supported:
             raise NotImplementedError("fake kernel")
         return ops.linear_attention(q, k, v, normalize=normalize, eps=eps,
@@ -432,6 +436,7 @@ def _fake_pallas(monkeypatch, *, supported):
     def gated_delta_rule(q, k, v, log_alpha, beta, *, initial_state, return_state,
                          chunk_size):
         calls.append("gdr")
+        dims.append((k.shape[-1], v.shape[-1]))
         if not supported:
             raise NotImplementedError("fake kernel")
         return ops.gated_delta_rule(q, k, v, log_alpha, beta, initial_state=initial_state,
@@ -463,6 +468,21 @@ def test_auto_dispatches_to_pallas_on_gpu(monkeypatch, supported):
     if not supported:
         with pytest.raises(NotImplementedError):
             run_eager("gdr", make_inputs("gdr", 9, segs=False), "pallas", 4)
+
+
+@pytest.mark.parametrize("op", ["la", "la_unnorm", "gdr"])
+def test_pallas_call_pads_untiled_head_dims(monkeypatch, op):
+    """Head dims the kernels do not tile (F = 6, Dv = 5) reach the kernel zero-padded to
+    16 and come back cut to the caller's: outputs, states (with a nonzero initial state)
+    and gradients equal the float64 references."""
+    dims = []
+    _fake_pallas(monkeypatch, supported=True, dims=dims)
+    x = make_inputs(op, 37, segs=False, seed=11)
+    check_forward(op, x, "pallas", 16)
+    check_grads(op, x, 16, impls=("pallas",))
+    assert dims and set(dims) == {(16, 16)}
+    assert [ops._pallas_dim(d) for d in (6, 16, 17, 153, 256, 273)] == [16, 16, 32, 256,
+                                                                         256, 273]
 
 
 def test_errors_name_the_problem():

@@ -39,6 +39,31 @@ def test_taylor_with_based_temperature_gives_scaled_score():
     assert got == pytest.approx(1 + s + s * s / 2, rel=1e-12)
 
 
+def test_taylor_symmetric_worked_example():
+    # q = (1, 2): [1, q1, q2, q1^2/sqrt2, q1 q2, q2^2/sqrt2]; with k = (3, 1) the kernel is
+    # 1 + 5 + 25/2, as for the full map (seed 000's example).
+    q, k = jnp.array([1.0, 2.0]), jnp.array([3.0, 1.0])
+    r2 = math.sqrt(2)
+    np.testing.assert_allclose(fm.taylor_symmetric(q), [1, 1, 2, 1 / r2, 2, 4 / r2],
+                               rtol=1e-6)
+    assert float(fm.taylor_symmetric(q) @ fm.taylor_symmetric(k)) == pytest.approx(
+        1 + 5 + 25 / 2, rel=1e-6)
+
+
+def test_taylor_symmetric_equals_full_kernel_float64():
+    rng = np.random.default_rng(2)
+    q, k = rng.normal(size=(3, 5, 16)), rng.normal(size=(3, 7, 16))
+    with jax.enable_x64(True):
+        sq, sk = (np.asarray(fm.taylor_symmetric(jnp.asarray(a))) for a in (q, k))
+        fq, fk = (np.asarray(fm.taylor(jnp.asarray(a))) for a in (q, k))
+    assert sq.shape == (3, 5, fm.taylor_symmetric_dim(16)) == (3, 5, 153)
+    s = np.einsum("bid,bjd->bij", q, k)
+    np.testing.assert_allclose(np.einsum("bif,bjf->bij", sq, sk), 1 + s + s ** 2 / 2,
+                               rtol=1e-12)
+    np.testing.assert_allclose(np.einsum("bif,bjf->bij", sq, sk),
+                               np.einsum("bif,bjf->bij", fq, fk), rtol=1e-12)
+
+
 def _estimates(q, k, omegas):
     """phi(q).phi(k) for each omega draw, omegas (N, m, d)."""
     f = jax.jit(jax.vmap(lambda om: fm.favor_plus(q, om) @ fm.favor_plus(k, om)))

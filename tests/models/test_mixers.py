@@ -126,7 +126,8 @@ def _hand_state_size(name, cfg):
     h, d, w = cfg.num_heads, cfg.resolved_head_dim, cfg.window
     kv = cfg.resolved_kv_heads
     conv = 3 * (cfg.conv_size - 1) * h * d  # q, k, v convs keep conv_size - 1 inputs
-    taylor_f = 1 + cfg.based_feature_dim + cfg.based_feature_dim ** 2
+    f = cfg.based_feature_dim
+    taylor_f = 1 + f + f * (f + 1) // 2  # symmetric pairs of the outer product once
     m = cfg.num_random_features
     return {
         "softmax": 2 * kv * d,                      # per token of cache

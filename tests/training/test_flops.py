@@ -19,7 +19,7 @@ def test_linear_mixer_cost_is_4_h_f_dv_per_layer():
     assert flops.train_flops_per_token(1000, model, t) == 3 * (2 * 1000 + 2 * per_layer)
   based = {"d_model": 64, "num_heads": 2, "num_layers": 1, "mixer": "based", "window": 16,
            "based_feature_dim": 16}
-  f = 1 + 16 + 256
+  f = 1 + 16 + 16 * 17 // 2  # the distinct Taylor features (models.feature_maps)
   assert flops.mixer_flops_per_token("based", based, 64) == 4 * 2 * f * 32 + 4 * 16 * 2 * 32
 
 
