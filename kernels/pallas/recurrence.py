@@ -75,8 +75,17 @@ GRADS_STAGES = 1
 
 def _sequential_params(kdim, bv, stages=None):
     warps = SEQ_WARPS or (4 if kdim * bv <= 8192 else 8)
-    return common.compiler_params("gpu", num_warps=warps,
-                                  num_stages=SEQ_STAGES if stages is None else stages)
+    if stages is None:
+        stages = _fitting_stages(kdim)
+    return common.compiler_params("gpu", num_warps=warps, num_stages=stages)
+
+
+def _fitting_stages(kdim):
+    """SEQ_STAGES, or 2 past 128 keys / features: each stage buffers the chunk's q and k
+    tiles (C x K), so at K = 256 three stages asked the H200 for 249,856-258,048 bytes
+    of shared memory (232,448 there), in Based's linear attention (153 features padded to
+    256; docs/results.md). At K <= 128 three stages fit and were timed fastest."""
+    return SEQ_STAGES if kdim <= 128 else min(SEQ_STAGES, 2)
 
 
 class Config(NamedTuple):
