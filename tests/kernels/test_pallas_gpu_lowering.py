@@ -4,6 +4,8 @@ mode (the other kernel tests) checks the numbers but not this step, which fails 
 constructs the Triton lowering does not support; a switch that is off by default would
 otherwise first fail on a GPU. Each switch on its own, GDN and linear attention, forward
 and gradient; the lowered module must name the switch's kernels."""
+import re
+
 import pytest
 
 import jax
@@ -42,8 +44,8 @@ def _ops():
     return {"gdn": gated, "linear": linear}
 
 
-def lowered_text(fn):
-    q = jax.random.normal(jax.random.PRNGKey(0), (B, T, H, D), jnp.bfloat16)
+def lowered_text(fn, d=D):
+    q = jax.random.normal(jax.random.PRNGKey(0), (B, T, H, d), jnp.bfloat16)
     g = jnp.full((B, T, H), -0.01, jnp.float32)
     beta = jnp.full((B, T, H), 0.5, jnp.float32)
     traced = jax.jit(fn).trace(q, q, q, g, beta)
@@ -65,3 +67,23 @@ def test_gpu_programs_lower_to_triton(switch, op, monkeypatch):
     if op == "gdn":
         missing = [name for name in kernels if name not in grad]
         assert not missing, missing
+
+
+SEQUENTIAL = ("linear_chunk_fwd", "linear_chunk_fwd_states", "linear_chunk_bwd_dstate")
+
+
+@pytest.mark.parametrize("op", ["gdn", "linear"])
+def test_sequential_kernels_take_two_stages_past_128_keys(op, monkeypatch):
+    """Each pipeline stage of the sequential kernels buffers the chunk's C x K tiles: at
+    K = 256 three stages asked an H200 for 249,856-258,048 bytes of shared memory (it has
+    232,448), so they run at two there and keep SEQ_STAGES (3) at K <= 128."""
+    monkeypatch.setattr(common, "interpret", lambda: False)
+    fn = _ops()[op]
+    for d, want in ((128, recurrence.SEQ_STAGES), (256, 2)):
+        texts = [lowered_text(fn, d), lowered_text(jax.grad(
+            lambda *a: jnp.sum(fn(*a).astype(jnp.float32)), argnums=(0, 1, 2)), d)]
+        stages = {name: int(n) for text in texts
+                  for name, n in re.findall(r'name = "(\w+)", num_stages = (\d+)', text)}
+        seq = {name: n for name, n in stages.items() if name in SEQUENTIAL}
+        assert set(seq) == set(SEQUENTIAL), stages
+        assert set(seq.values()) == {want}, (d, seq)
