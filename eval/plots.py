@@ -68,8 +68,9 @@ def recall_vs_state(points: Sequence[dict], path: str, metric_label: str = "MQAR
     settings = list(by_setting)
     mixers = sorted({p["mixer"] for p in points} | {r["mixer"] for r in references})
     colors = {m: plt.cm.tab10(i % 10) for i, m in enumerate(mixers)}
-    fig, axes = plt.subplots(1, max(len(settings), 1), figsize=(3.6 * max(len(settings), 1), 3.4),
-                             squeeze=False)
+    # wide enough for the legend beside the last panel, where it hides no point
+    fig, axes = plt.subplots(1, max(len(settings), 1),
+                             figsize=(4.2 * max(len(settings), 1) + 2.2, 3.8), squeeze=False)
     for ax, setting in zip(axes[0], settings):
         for m in mixers:
             pts = sorted((p["state_size"], p["value"]) for p in by_setting[setting]
@@ -87,7 +88,7 @@ def recall_vs_state(points: Sequence[dict], path: str, metric_label: str = "MQAR
         ax.set_xlabel("decode state size (numbers per sequence)")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(metric_label)
-    axes[0][-1].legend(fontsize=6)
+    axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))
     return _save(fig, path)
 
 
