@@ -76,7 +76,7 @@ _PALLAS_DIMS = (16, 32, 64, 128, 256)
 
 def _pallas_dim(d):
     """The head dim the Pallas call uses for d: the next tiled size, or d past the
-    largest (the kernel then refuses it and impl="auto" takes the chunk form)."""
+    largest (the kernel refuses those, and impl="auto" takes the chunk form)."""
     return next((p for p in _PALLAS_DIMS if p >= d), d)
 
 

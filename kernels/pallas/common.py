@@ -83,14 +83,20 @@ def pad_time(x, tp: int, axis: int = 1):
     return jnp.pad(x, widths)
 
 
+MAX_HEAD_DIM = 256  # the largest tile checked on the GPU (scripts/check_head_dims.py)
+
+
 def check_head_dims(op: str, k_dim: int, v_dim: int, variant: str):
-    """Triton tiles must be powers of two (>= 16 for the tensor-core dots)."""
+    """Triton tiles must be powers of two (>= 16 for the tensor-core dots), at most
+    MAX_HEAD_DIM (unchecked past it; at 256 the sequential kernels' tiles already fit
+    shared memory only at 2 pipeline stages)."""
     for name, d in (("key/feature dim", k_dim), ("value dim", v_dim)):
-        if d < 16 or d & (d - 1):
+        if d < 16 or d & (d - 1) or d > MAX_HEAD_DIM:
             if variant == "gpu" or not interpret():
                 raise NotImplementedError(
-                    f"{op}: impl='pallas' needs a power-of-two {name} >= 16, got {d}; "
-                    f"use impl='chunk' (or pad the heads)")
+                    f"{op}: impl='pallas' needs a power-of-two {name} from 16 to "
+                    f"{MAX_HEAD_DIM}, got {d}; use impl='chunk' (kernels.ops pads other "
+                    f"dims up to the next power of two)")
 
 
 def check_chunk_size(op: str, chunk_size: int):

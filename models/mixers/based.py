@@ -5,7 +5,8 @@ d^(-1/4) and applies the second-order Taylor map, so phi(q) . phi(k) = 1 + s + s
 s = q . k / sqrt(d), normalised as in Based's `LinearAttention`. The map stores each
 symmetric pair of the outer product once (fm.taylor_symmetric: 153 features at d = 16
 where Based's code keeps all 273): the same kernel, so the same model, with a 44%
-smaller decode state, and on GPU the Pallas kernel runs it padded to 256 features. The window part is exact softmax over the last cfg.window tokens (64).
+smaller Taylor state, which the Pallas kernel runs padded to 256 features on GPU. The
+window part is exact softmax over the last cfg.window tokens (64).
 Based interleaves the two; here one mixer holds both and sums their outputs, so the
 layer recalls precisely nearby (window) and approximately far away (Taylor state).
 """

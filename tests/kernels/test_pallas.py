@@ -327,6 +327,9 @@ def test_unsupported_inputs_raise_not_implemented():
         kp.gated_delta_rule(q, k, v, g, beta, segment_ids=np.ones((1, 8), np.int32))
     with pytest.raises(NotImplementedError, match="power-of-two"):
         kp.linear_attention(q[..., :12], k[..., :12], v, normalize=False)
+    wide = jnp.zeros((*q.shape[:-1], 512), q.dtype)
+    with pytest.raises(NotImplementedError, match="from 16 to 256, got 512"):
+        kp.linear_attention(wide, wide, v, normalize=False)
     with pytest.raises(NotImplementedError, match="chunk_size"):
         kp.gated_delta_rule(q, k, v, g, beta, chunk_size=24)
 
