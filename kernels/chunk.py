@@ -31,7 +31,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from kernels.common import einsum, masked_exp, segsum, suffix_sum_exclusive
+from kernels.common import einsum, masked_exp, pad_axis, segsum, suffix_sum_exclusive
 
 
 # ----------------------------------------------------------------------------- geometry
@@ -183,11 +183,7 @@ def _delta_states(state, u_tilde, w, weighted_k, gamma_end):
 
 def _pad_split(x, axis, pieces, size, mode="constant"):
     """Pad axis `axis` of x to pieces * size and split it into (pieces, size)."""
-    pad = pieces * size - x.shape[axis]
-    if pad:
-        widths = [(0, 0)] * x.ndim
-        widths[axis] = (0, pad)
-        x = jnp.pad(x, widths, mode=mode)
+    x = pad_axis(x, pieces * size, axis, mode)
     return x.reshape(x.shape[:axis] + (pieces, size) + x.shape[axis + 1:])
 
 

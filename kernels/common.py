@@ -17,6 +17,15 @@ def einsum(spec: str, *operands):
     return jnp.einsum(spec, *operands, precision=PRECISION)
 
 
+def pad_axis(x, size: int, axis: int, mode: str = "constant"):
+    """x padded at the end of `axis` up to `size` (zeros unless mode says otherwise)."""
+    if x.shape[axis] == size:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, size - x.shape[axis])
+    return jnp.pad(x, widths, mode=mode)
+
+
 def run_ids(segment_ids, batch: int, length: int):
     """Index of the run of equal segment ids each position belongs to, (B, T) int32.
 

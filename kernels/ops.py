@@ -20,7 +20,7 @@ from kernels import chunk as _chunk
 from kernels import recurrent as _rec
 from kernels.attention import (attend_to_cache, ring_buffer_mask, sliding_window_attention,
                                softmax_attention)
-from kernels.common import run_ids, to_heads_first, to_time_second
+from kernels.common import pad_axis, run_ids, to_heads_first, to_time_second
 
 __all__ = ["linear_attention", "gated_delta_rule", "softmax_attention",
            "sliding_window_attention", "attend_to_cache", "ring_buffer_mask", "IMPLS"]
@@ -80,15 +80,6 @@ def _pallas_dim(d):
     return next((p for p in _PALLAS_DIMS if p >= d), d)
 
 
-def _pad_last(x, size, axis=-1):
-    """Zero-pad x along axis up to size."""
-    if x is None or x.shape[axis] == size:
-        return x
-    pad = [(0, 0)] * x.ndim
-    pad[axis] = (0, size - x.shape[axis])
-    return jnp.pad(x, pad)
-
-
 def _call_pallas_padded(name, fallback, q, k, v, *args, initial_state, **kwargs):
     """_call_pallas with the key/feature and value dims padded to tiled sizes (above);
     returns (o, state) cut back to the caller's dims. initial_state: S (B,H,F,Dv), or the
@@ -101,13 +92,14 @@ def _call_pallas_padded(name, fallback, q, k, v, *args, initial_state, **kwargs)
                             **kwargs)
 
     def pad_s(s):
-        return _pad_last(_pad_last(s, fp, axis=-2), dvp)
+        return pad_axis(pad_axis(s, fp, -2), dvp, -1)
 
     if initial_state is not None:
-        initial_state = ((pad_s(initial_state[0]), _pad_last(initial_state[1], fp))
+        initial_state = ((pad_s(initial_state[0]), pad_axis(initial_state[1], fp, -1))
                          if normalize else pad_s(initial_state))
-    o, state = _call_pallas(name, fallback, _pad_last(q, fp), _pad_last(k, fp),
-                            _pad_last(v, dvp), *args, initial_state=initial_state, **kwargs)
+    o, state = _call_pallas(name, fallback, pad_axis(q, fp, -1), pad_axis(k, fp, -1),
+                            pad_axis(v, dvp, -1), *args, initial_state=initial_state,
+                            **kwargs)
     # cut back (a no-op where the fallback ran on the caller's dims)
     if normalize:
         return o[..., :dv], (state[0][..., :f, :dv], state[1][..., :f])

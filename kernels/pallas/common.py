@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 from jax.experimental import pallas as pl  # noqa: F401  (re-exported for the kernels)
 
+from kernels.common import pad_axis
+
 # Version-guarded backend modules: jax 0.10 (CPU CI) and 0.11 (the GPU image) both have
 # these today; a future jax that drops the Triton lowering only loses the "gpu" variant.
 try:
@@ -75,12 +77,7 @@ def dot_precision(dtype):
 def pad_time(x, tp: int, axis: int = 1):
     """Zero-pad the time axis to length tp (zeros make padded steps identities: k = v = 0,
     beta = 0, log-decay = 0)."""
-    t = x.shape[axis]
-    if t == tp:
-        return x
-    widths = [(0, 0)] * x.ndim
-    widths[axis] = (0, tp - t)
-    return jnp.pad(x, widths)
+    return pad_axis(x, tp, axis)
 
 
 MAX_HEAD_DIM = 256  # the largest tile checked on the GPU (scripts/check_head_dims.py)
