@@ -18,6 +18,8 @@ from typing import Any, Mapping
 
 import jax
 
+from models.feature_maps import taylor_symmetric_dim
+
 # Dense peak FLOP/s per device (bf16 tensor cores; float32 uses the TF32 / fp32 figure).
 PEAK_FLOPS = {
     ("h200", "bfloat16"): 989e12, ("h200", "float32"): 494e12,
@@ -52,7 +54,7 @@ def feature_dim(model: Mapping[str, Any], head_dim: int) -> int:
   mixer = str(model.get("mixer") or "").lower()
   if fmap == "taylor" or mixer == "based":
     d = int(model.get("feature_dim") or 16)
-    return 1 + d + d * (d + 1) // 2
+    return taylor_symmetric_dim(d)
   if fmap == "hedgehog" or mixer == "hedgehog":
     return 2 * int(model.get("feature_dim") or head_dim)
   if fmap in ("performer", "favor", "favor+") or mixer == "performer":
