@@ -20,64 +20,64 @@ flags.DEFINE_integer("process_id", None, "This process's index (multi-process)."
 
 
 def _define_config_flag():
-  from ml_collections import config_flags
-  return config_flags.DEFINE_config_file("config", None, "Experiment config file.",
-                                         lock_config=True)
+    from ml_collections import config_flags
+    return config_flags.DEFINE_config_file("config", None, "Experiment config file.",
+                                           lock_config=True)
 
 
 def maybe_initialize_distributed():
-  """jax.distributed.initialize() when flags or env ask for several processes."""
-  env = os.environ
-  address = FLAGS.coordinator_address or env.get("JAX_COORDINATOR_ADDRESS")
-  num = FLAGS.num_processes or int(env.get("JAX_NUM_PROCESSES", "0") or 0)
-  pid = FLAGS.process_id if FLAGS.process_id is not None else env.get("JAX_PROCESS_ID")
-  if not address or num <= 1:
-    return
-  import jax
-  try:  # CPU collectives across processes (jax 0.10 needs gloo said explicitly)
-    jax.config.update("jax_cpu_collectives_implementation", "gloo")
-  except Exception:
-    pass
-  jax.distributed.initialize(coordinator_address=address, num_processes=num,
-                             process_id=int(pid) if pid is not None else None)
+    """jax.distributed.initialize() when flags or env ask for several processes."""
+    env = os.environ
+    address = FLAGS.coordinator_address or env.get("JAX_COORDINATOR_ADDRESS")
+    num = FLAGS.num_processes or int(env.get("JAX_NUM_PROCESSES", "0") or 0)
+    pid = FLAGS.process_id if FLAGS.process_id is not None else env.get("JAX_PROCESS_ID")
+    if not address or num <= 1:
+        return
+    import jax
+    try:  # CPU collectives across processes (jax 0.10 needs gloo said explicitly)
+        jax.config.update("jax_cpu_collectives_implementation", "gloo")
+    except Exception:
+        pass
+    jax.distributed.initialize(coordinator_address=address, num_processes=num,
+                               process_id=int(pid) if pid is not None else None)
 
 
 def precheck_argv(argv) -> None:
-  """Unknown keys and wrong types, reported before absl, data or devices are touched."""
-  path, overrides = config_tools.overrides_from_argv(argv[1:])
-  if path is None:
-    sys.exit("error: --config is required, e.g. --config=configs/mqar.py")
-  try:
-    config = config_tools.load_config_file(path)
-    config_tools.check_overrides(config, overrides)
-  except config_tools.ConfigError as e:
-    sys.exit(f"error: {e}")
-  if not any(a == "--workdir" or a.startswith("--workdir=") for a in argv[1:]):
-    sys.exit("error: --workdir is required, e.g. --workdir=runs/mqar")
+    """Unknown keys and wrong types, reported before absl, data or devices are touched."""
+    path, overrides = config_tools.overrides_from_argv(argv[1:])
+    if path is None:
+        sys.exit("error: --config is required, e.g. --config=configs/mqar.py")
+    try:
+        config = config_tools.load_config_file(path)
+        config_tools.check_overrides(config, overrides)
+    except config_tools.ConfigError as e:
+        sys.exit(f"error: {e}")
+    if not any(a == "--workdir" or a.startswith("--workdir=") for a in argv[1:]):
+        sys.exit("error: --workdir is required, e.g. --workdir=runs/mqar")
 
 
 def main(argv):
-  del argv
-  from absl import logging
-  logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
-  from training import checkpoint, loop, sharding
+    del argv
+    from absl import logging
+    logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
+    from training import checkpoint, loop, sharding
 
-  config = FLAGS.config
-  maybe_initialize_distributed()
-  try:
-    result = loop.train(config, FLAGS.workdir)
-  except loop.Interrupted as e:
-    print(f"{e}; checkpoint saved. Run the same command to resume.", file=sys.stderr)
-    sys.exit(128 + e.signum)
-  except (config_tools.ConfigError, sharding.MeshError, checkpoint.CheckpointMismatch,
-          loop.TrainingError) as e:
-    sys.exit(f"error: {e}")
-  print(f"final: step {result['step']} eval_loss {result['eval_loss']:.4f} "
-        f"eval_accuracy {result['eval_accuracy']:.4f}", flush=True)
+    config = FLAGS.config
+    maybe_initialize_distributed()
+    try:
+        result = loop.train(config, FLAGS.workdir)
+    except loop.Interrupted as e:
+        print(f"{e}; checkpoint saved. Run the same command to resume.", file=sys.stderr)
+        sys.exit(128 + e.signum)
+    except (config_tools.ConfigError, sharding.MeshError, checkpoint.CheckpointMismatch,
+            loop.TrainingError) as e:
+        sys.exit(f"error: {e}")
+    print(f"final: step {result['step']} eval_loss {result['eval_loss']:.4f} "
+          f"eval_accuracy {result['eval_accuracy']:.4f}", flush=True)
 
 
 if __name__ == "__main__":
-  _define_config_flag()
-  precheck_argv(sys.argv)
-  flags.mark_flags_as_required(["workdir"])
-  app.run(main)
+    _define_config_flag()
+    precheck_argv(sys.argv)
+    flags.mark_flags_as_required(["workdir"])
+    app.run(main)

@@ -9,64 +9,64 @@ from ml_collections import config_dict
 
 
 def get_config() -> ml_collections.ConfigDict:
-  c = ml_collections.ConfigDict()
+    c = ml_collections.ConfigDict()
 
-  # models.ModelConfig, field for field (vocab_size 0 = take the dataset's).
-  c.model = ml_collections.ConfigDict(dict(
-      vocab_size=0, d_model=256, num_layers=4, num_heads=4, num_kv_heads=0, head_dim=0,
-      mixer="softmax", softmax_every=0, layer_pattern="",
-      mlp=True, d_ff=0, dropout=0.0, attention_dropout=0.0,
-      window=64, feature_map="elu", based_feature_dim=16, num_random_features=256,
-      conv_size=4, impl="auto", chunk_size=64, rope_theta=10000.0, max_len=2048,
-      norm_eps=1e-6, init_std=0.02,
-      dtype="float32", param_dtype="float32", remat=False, tie_embeddings=False,
-  ))
+    # models.ModelConfig, field for field (vocab_size 0 = take the dataset's).
+    c.model = ml_collections.ConfigDict(dict(
+        vocab_size=0, d_model=256, num_layers=4, num_heads=4, num_kv_heads=0, head_dim=0,
+        mixer="softmax", softmax_every=0, layer_pattern="",
+        mlp=True, d_ff=0, dropout=0.0, attention_dropout=0.0,
+        window=64, feature_map="elu", based_feature_dim=16, num_random_features=256,
+        conv_size=4, impl="auto", chunk_size=64, rope_theta=10000.0, max_len=2048,
+        norm_eps=1e-6, init_std=0.02,
+        dtype="float32", param_dtype="float32", remat=False, tie_embeddings=False,
+    ))
 
-  # data.build(cfg_data, seed=train.seed); None = the data package's default.
-  c.data = ml_collections.ConfigDict(dict(
-      source="files",
-      files=config_dict.placeholder(str),
-      name=config_dict.placeholder(str),
-      subset=config_dict.placeholder(str),
-      split=config_dict.placeholder(str),
-      val_split=config_dict.placeholder(str),
-      text_field=config_dict.placeholder(str),
-      tokenizer="byte",
-      tokenizer_dir=config_dict.placeholder(str),
-      vocab_size=config_dict.placeholder(int),
-      seq_len=256,
-      val_fraction=config_dict.placeholder(float),
-      packing=config_dict.placeholder(str),
-      sample_by=config_dict.placeholder(str),
-      max_documents=config_dict.placeholder(int),
-      cache_dir=config_dict.placeholder(str),
-      data_dir=config_dict.placeholder(str),
-      eod=config_dict.placeholder(bool),
-  ))
+    # data.build(cfg_data, seed=train.seed); None = the data package's default.
+    c.data = ml_collections.ConfigDict(dict(
+        source="files",
+        files=config_dict.placeholder(str),
+        name=config_dict.placeholder(str),
+        subset=config_dict.placeholder(str),
+        split=config_dict.placeholder(str),
+        val_split=config_dict.placeholder(str),
+        text_field=config_dict.placeholder(str),
+        tokenizer="byte",
+        tokenizer_dir=config_dict.placeholder(str),
+        vocab_size=config_dict.placeholder(int),
+        seq_len=256,
+        val_fraction=config_dict.placeholder(float),
+        packing=config_dict.placeholder(str),
+        sample_by=config_dict.placeholder(str),
+        max_documents=config_dict.placeholder(int),
+        cache_dir=config_dict.placeholder(str),
+        data_dir=config_dict.placeholder(str),
+        eod=config_dict.placeholder(bool),
+    ))
 
-  c.train = ml_collections.ConfigDict(dict(
-      steps=1000, batch_size=32, seed=0,
-      lr=1e-3, min_lr_ratio=0.1, warmup_steps=100,   # linear warmup, cosine to lr*ratio
-      weight_decay=0.1, decay_embeddings=True, b1=0.9, b2=0.95, eps=1e-8,
-      grad_clip=1.0, grad_accum=1,                    # microbatches per step (a scan)
-      precision=config_dict.placeholder(str),         # "float32" | "bfloat16": sets model.dtype
-      remat=config_dict.placeholder(bool),            # sets model.remat
-      log_every=10, eval_every=250, eval_batches=20,
-      early_stop_patience=0,                          # stop after N evals with no new best
-      checkpoint_every=500, keep_checkpoints=3, async_checkpoints=True,
-      peak_flops=0.0,                                 # per device, for MFU; 0 = table
-      # Random-number generator for dropout and init: "threefry2x32" (same bits on every
-      # backend), or "unsafe_rbg" / "rbg" (the hardware generator: much faster dropout
-      # masks on GPU/TPU, bits differ between backends).
-      prng_impl="threefry2x32",
-  ))
+    c.train = ml_collections.ConfigDict(dict(
+        steps=1000, batch_size=32, seed=0,
+        lr=1e-3, min_lr_ratio=0.1, warmup_steps=100,   # linear warmup, cosine to lr*ratio
+        weight_decay=0.1, decay_embeddings=True, b1=0.9, b2=0.95, eps=1e-8,
+        grad_clip=1.0, grad_accum=1,                    # microbatches per step (a scan)
+        precision=config_dict.placeholder(str),         # "float32" | "bfloat16": sets model.dtype
+        remat=config_dict.placeholder(bool),            # sets model.remat
+        log_every=10, eval_every=250, eval_batches=20,
+        early_stop_patience=0,                          # stop after N evals with no new best
+        checkpoint_every=500, keep_checkpoints=3, async_checkpoints=True,
+        peak_flops=0.0,                                 # per device, for MFU; 0 = table
+        # Random-number generator for dropout and init: "threefry2x32" (same bits on every
+        # backend), or "unsafe_rbg" / "rbg" (the hardware generator: much faster dropout
+        # masks on GPU/TPU, bits differ between backends).
+        prng_impl="threefry2x32",
+    ))
 
-  # Devices: ("data", "fsdp", "tensor"); -1 = the rest of the devices.
-  c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+    # Devices: ("data", "fsdp", "tensor"); -1 = the rest of the devices.
+    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
 
-  c.logging = ml_collections.ConfigDict(dict(
-      wandb="offline",            # offline | online | disabled; WANDB_MODE overrides
-      project="linmix", name="",
-      progress=True,              # tqdm bar
-  ))
-  return c
+    c.logging = ml_collections.ConfigDict(dict(
+        wandb="offline",            # offline | online | disabled; WANDB_MODE overrides
+        project="linmix", name="",
+        progress=True,              # tqdm bar
+    ))
+    return c

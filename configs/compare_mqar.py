@@ -26,70 +26,70 @@ ZOOLOGY_POINTS = [{"mixer": "based", "state_size": 1.5e5, "value": 0.99},
 
 
 def _setting(seq_len, kv):
-  return {"name": f"T{seq_len}_kv{kv}",
-          "overrides": {"data.seq_len": seq_len, "data.num_kv_pairs": kv}}
+    return {"name": f"T{seq_len}_kv{kv}",
+            "overrides": {"data.seq_len": seq_len, "data.num_kv_pairs": kv}}
 
 
 def _mixer(name):
-  return {"name": name, "overrides": {"model.mixer": name}}
+    return {"name": name, "overrides": {"model.mixer": name}}
 
 
 def _width(d, heads=2):
-  return {"name": f"d{d}", "overrides": {"model.d_model": d, "model.num_heads": heads}}
+    return {"name": f"d{d}", "overrides": {"model.d_model": d, "model.num_heads": heads}}
 
 
 def get_config(arg: str = ""):
-  c = ml_collections.ConfigDict()
-  c.title = "MQAR (Zoology grid): accuracy at the best lr"
-  c.task = "mqar"
-  c.base_config = "configs/mqar.py"
-  c.lr_key = "train.lr"
-  c.seed_key = "train.seed"
-  c.overrides = {"model": {"num_layers": 2, "mlp": False},
-                 "data": {"vocab_size": 8192},
-                 "train": {"steps": 4000, "batch_size": 64},
-                 "logging": {"wandb": "disabled"}}
-  c.settings = [_setting(*s) for s in SETTINGS]
-  c.mixers = [_mixer(m) for m in MIXERS]
-  c.sizes = [_width(d) for d in WIDTHS]
-  c.lrs = list(LRS)
-  c.seeds = [0]
-  c.eval = {"batch_size": 64, "num_batches": 16}  # 1,024 held-out examples per run
-  c.train_timeout_s = 3600
-  c.references = [dict(p, source="Zoology, approx.") for p in ZOOLOGY_POINTS]
-  if arg == "reduced":  # what fits a few minutes of one GPU: the hardest short setting
-    c.settings = [_setting(256, 16)]
-    c.mixers = [_mixer(m) for m in ("softmax", "gated_deltanet", "based", "linear")]
-    c.sizes = [_width(128)]
-    c.lrs = [1e-3]
-    c.overrides.train.steps = 1500
-  elif arg == "h200":  # what one H200 runs in minutes: Zoology's (256, 16) setting, the
-    # recall-vs-state scatter over three widths (d128 first: the softmax check needs it),
-    # three lrs (3e-3, best for MQAR on the CPU config, then 1e-3, then 4.6e-4; run them
-    # in that order with --only=lr0.003 / lr0.001 / lr0.00046), batch 128 x 2,000 steps =
-    # 256k examples (~2.5 Zoology epochs; Zoology trains 64). Softmax at d64 reached
-    # 0.9995 by step 2,000 in a first H200 run; softmax d256 and gated_deltanet d64 learned
-    # at neither 3e-3 nor 1e-3 (docs/results.md), hence 4.6e-4 (not run yet).
-    c.settings = [_setting(256, 16)]
-    c.mixers = [_mixer(m) for m in ("softmax", "gated_deltanet", "based", "deltanet",
-                                    "linear", "sliding_window", "hedgehog", "performer",
-                                    "lightning")]
-    c.sizes = [_width(d) for d in (128, 64, 256)]
-    c.lrs = [3e-3, 1e-3, 4.6e-4]
-    c.overrides.train.update({"steps": 2000, "batch_size": 128, "precision": "bfloat16",
-                              "b2": 0.99, "eval_every": 1000, "checkpoint_every": 1000})
-  elif arg == "tiny":  # CPU check of the sweep machinery: seconds per run
-    c.settings = [{"name": "T32_kv2", "overrides": {"data.seq_len": 32, "data.num_kv_pairs": 2}}]
-    c.mixers = [_mixer("softmax"), _mixer("gated_deltanet")]
-    c.sizes = [{"name": "d16", "overrides": {"model.d_model": 16, "model.num_heads": 2}}]
-    c.lrs = [1e-3, 3e-2]
-    c.overrides.model.num_layers = 1
-    c.overrides.data.vocab_size = 64
-    c.overrides.train.steps = 3
-    c.overrides.train.batch_size = 4
-    c.eval = {"batch_size": 8, "num_batches": 2}
-    c.train_timeout_s = 600
-  elif arg:
-    raise ValueError(f"compare_mqar: unknown variant {arg!r}; use '', 'reduced', 'h200' or "
-                     "'tiny'")
-  return c
+    c = ml_collections.ConfigDict()
+    c.title = "MQAR (Zoology grid): accuracy at the best lr"
+    c.task = "mqar"
+    c.base_config = "configs/mqar.py"
+    c.lr_key = "train.lr"
+    c.seed_key = "train.seed"
+    c.overrides = {"model": {"num_layers": 2, "mlp": False},
+                   "data": {"vocab_size": 8192},
+                   "train": {"steps": 4000, "batch_size": 64},
+                   "logging": {"wandb": "disabled"}}
+    c.settings = [_setting(*s) for s in SETTINGS]
+    c.mixers = [_mixer(m) for m in MIXERS]
+    c.sizes = [_width(d) for d in WIDTHS]
+    c.lrs = list(LRS)
+    c.seeds = [0]
+    c.eval = {"batch_size": 64, "num_batches": 16}  # 1,024 held-out examples per run
+    c.train_timeout_s = 3600
+    c.references = [dict(p, source="Zoology, approx.") for p in ZOOLOGY_POINTS]
+    if arg == "reduced":  # what fits a few minutes of one GPU: the hardest short setting
+        c.settings = [_setting(256, 16)]
+        c.mixers = [_mixer(m) for m in ("softmax", "gated_deltanet", "based", "linear")]
+        c.sizes = [_width(128)]
+        c.lrs = [1e-3]
+        c.overrides.train.steps = 1500
+    elif arg == "h200":  # what one H200 runs in minutes: Zoology's (256, 16) setting, the
+        # recall-vs-state scatter over three widths (d128 first: the softmax check needs it),
+        # three lrs (3e-3, best for MQAR on the CPU config, then 1e-3, then 4.6e-4; run them
+        # in that order with --only=lr0.003 / lr0.001 / lr0.00046), batch 128 x 2,000 steps =
+        # 256k examples (~2.5 Zoology epochs; Zoology trains 64). Softmax at d64 reached
+        # 0.9995 by step 2,000 in a first H200 run; softmax d256 and gated_deltanet d64 learned
+        # at neither 3e-3 nor 1e-3 (docs/results.md), hence 4.6e-4 (not run yet).
+        c.settings = [_setting(256, 16)]
+        c.mixers = [_mixer(m) for m in ("softmax", "gated_deltanet", "based", "deltanet",
+                                        "linear", "sliding_window", "hedgehog", "performer",
+                                        "lightning")]
+        c.sizes = [_width(d) for d in (128, 64, 256)]
+        c.lrs = [3e-3, 1e-3, 4.6e-4]
+        c.overrides.train.update({"steps": 2000, "batch_size": 128, "precision": "bfloat16",
+                                  "b2": 0.99, "eval_every": 1000, "checkpoint_every": 1000})
+    elif arg == "tiny":  # CPU check of the sweep machinery: seconds per run
+        c.settings = [{"name": "T32_kv2", "overrides": {"data.seq_len": 32, "data.num_kv_pairs": 2}}]
+        c.mixers = [_mixer("softmax"), _mixer("gated_deltanet")]
+        c.sizes = [{"name": "d16", "overrides": {"model.d_model": 16, "model.num_heads": 2}}]
+        c.lrs = [1e-3, 3e-2]
+        c.overrides.model.num_layers = 1
+        c.overrides.data.vocab_size = 64
+        c.overrides.train.steps = 3
+        c.overrides.train.batch_size = 4
+        c.eval = {"batch_size": 8, "num_batches": 2}
+        c.train_timeout_s = 600
+    elif arg:
+        raise ValueError(f"compare_mqar: unknown variant {arg!r}; use '', 'reduced', 'h200' or "
+                         "'tiny'")
+    return c

@@ -17,53 +17,53 @@ LINEAR = ["gated_deltanet", "deltanet", "based", "linear", "hedgehog", "performe
 
 
 def _mixer(name, mixer, layers, **extra):
-  o = {"model.mixer": mixer, "model.num_layers": layers}
-  o.update({f"model.{k}": v for k, v in extra.items()})
-  return {"name": name, "overrides": o}
+    o = {"model.mixer": mixer, "model.num_layers": layers}
+    o.update({f"model.{k}": v for k, v in extra.items()})
+    return {"name": name, "overrides": o}
 
 
 def get_config(arg: str = ""):
-  c = ml_collections.ConfigDict()
-  c.title = "tiny-Shakespeare (characters): validation loss"
-  c.task = "lm"
-  c.base_config = "configs/shakespeare_char_gpu.py"  # the recipe; precision bf16 below
-  c.lr_key = "train.lr"
-  c.seed_key = "train.seed"
-  # Every run reports its best validation loss (evaluated every 250 steps). The runs
-  # overfit after ~1,000-2,000 steps, so each stops after 6 evaluations (1,500 steps)
-  # without a new best: the best is then behind it, and the sweep costs ~40% less.
-  c.overrides = {"model": {"d_model": 384, "num_heads": 6, "dropout": 0.2,
-                           "attention_dropout": 0.2},
-                 "data": {"seq_len": 256, "files": config_dict.placeholder(str)},
-                 "train": {"steps": 5000, "batch_size": 64, "precision": "bfloat16",
-                           "eval_every": 250, "eval_batches": 50, "checkpoint_every": 1000,
-                           "early_stop_patience": 6, "prng_impl": "unsafe_rbg"},
-                 "logging": {"wandb": "disabled"}}
-  c.settings = [{"name": "char", "overrides": {}}]
-  c.mixers = ([_mixer("softmax_6L", "softmax", 6)]
-              + [_mixer("hybrid_8L", "gated_deltanet", 8, softmax_every=8)]
-              + [_mixer(f"{m}_8L", m, 8) for m in LINEAR]
-              + [_mixer("softmax_8L", "softmax", 8)])
-  c.sizes = [{"name": "d384", "overrides": {}}]
-  c.lrs = [1e-3]
-  c.seeds = [0]
-  c.eval = {"batch_size": 64, "num_batches": 200}  # nanoGPT: eval_iters 200 x batch 64
-  c.train_timeout_s = 3600
-  if arg == "tiny":  # CPU check of the machinery: a few steps of a 1-layer model
-    c.base_config = "configs/shakespeare_char.py"
-    c.overrides.train.precision = "float32"
-    c.overrides.train.prng_impl = "threefry2x32"
-    c.overrides.train.eval_every = 0
-    c.overrides.train.eval_batches = 2
-    c.overrides.model.d_model = 32
-    c.overrides.model.num_heads = 2
-    c.overrides.data.seq_len = 32
-    c.overrides.train.steps = 4
-    c.overrides.train.batch_size = 4
-    c.mixers = [_mixer("softmax_1L", "softmax", 1), _mixer("gated_deltanet_1L", "gated_deltanet", 1)]
-    c.sizes = [{"name": "d32", "overrides": {}}]
-    c.eval = {"batch_size": 4, "num_batches": 2}
-    c.train_timeout_s = 600
-  elif arg:
-    raise ValueError(f"compare_shakespeare: unknown variant {arg!r}; use '' or 'tiny'")
-  return c
+    c = ml_collections.ConfigDict()
+    c.title = "tiny-Shakespeare (characters): validation loss"
+    c.task = "lm"
+    c.base_config = "configs/shakespeare_char_gpu.py"  # the recipe; precision bf16 below
+    c.lr_key = "train.lr"
+    c.seed_key = "train.seed"
+    # Every run reports its best validation loss (evaluated every 250 steps). The runs
+    # overfit after ~1,000-2,000 steps, so each stops after 6 evaluations (1,500 steps)
+    # without a new best: the best is then behind it, and the sweep costs ~40% less.
+    c.overrides = {"model": {"d_model": 384, "num_heads": 6, "dropout": 0.2,
+                             "attention_dropout": 0.2},
+                   "data": {"seq_len": 256, "files": config_dict.placeholder(str)},
+                   "train": {"steps": 5000, "batch_size": 64, "precision": "bfloat16",
+                             "eval_every": 250, "eval_batches": 50, "checkpoint_every": 1000,
+                             "early_stop_patience": 6, "prng_impl": "unsafe_rbg"},
+                   "logging": {"wandb": "disabled"}}
+    c.settings = [{"name": "char", "overrides": {}}]
+    c.mixers = ([_mixer("softmax_6L", "softmax", 6)]
+                + [_mixer("hybrid_8L", "gated_deltanet", 8, softmax_every=8)]
+                + [_mixer(f"{m}_8L", m, 8) for m in LINEAR]
+                + [_mixer("softmax_8L", "softmax", 8)])
+    c.sizes = [{"name": "d384", "overrides": {}}]
+    c.lrs = [1e-3]
+    c.seeds = [0]
+    c.eval = {"batch_size": 64, "num_batches": 200}  # nanoGPT: eval_iters 200 x batch 64
+    c.train_timeout_s = 3600
+    if arg == "tiny":  # CPU check of the machinery: a few steps of a 1-layer model
+        c.base_config = "configs/shakespeare_char.py"
+        c.overrides.train.precision = "float32"
+        c.overrides.train.prng_impl = "threefry2x32"
+        c.overrides.train.eval_every = 0
+        c.overrides.train.eval_batches = 2
+        c.overrides.model.d_model = 32
+        c.overrides.model.num_heads = 2
+        c.overrides.data.seq_len = 32
+        c.overrides.train.steps = 4
+        c.overrides.train.batch_size = 4
+        c.mixers = [_mixer("softmax_1L", "softmax", 1), _mixer("gated_deltanet_1L", "gated_deltanet", 1)]
+        c.sizes = [{"name": "d32", "overrides": {}}]
+        c.eval = {"batch_size": 4, "num_batches": 2}
+        c.train_timeout_s = 600
+    elif arg:
+        raise ValueError(f"compare_shakespeare: unknown variant {arg!r}; use '' or 'tiny'")
+    return c

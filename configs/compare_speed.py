@@ -14,36 +14,36 @@ import ml_collections
 
 
 def _mixer(name, mixer, **extra):
-  o = {"model.mixer": mixer}
-  o.update({f"model.{k}": v for k, v in extra.items()})
-  return {"name": name, "overrides": o}
+    o = {"model.mixer": mixer}
+    o.update({f"model.{k}": v for k, v in extra.items()})
+    return {"name": name, "overrides": o}
 
 
 def get_config(arg: str = ""):
-  c = ml_collections.ConfigDict()
-  c.title = "Speed: training and decode throughput"
-  c.task = "speed"
-  # The model every mixer shares (a ModelConfig dict): 8 layers, 1024 wide, bf16 compute.
-  c.model = {"vocab_size": 256, "d_model": 1024, "num_layers": 8, "num_heads": 8,
-             "dtype": "bfloat16", "max_len": 32768 + 64}
-  # in order of priority: a sweep cut short by its time budget keeps the first ones
-  c.mixers = [_mixer("softmax", "softmax"), _mixer("gated_deltanet", "gated_deltanet"),
-              _mixer("hybrid", "gated_deltanet", softmax_every=8), _mixer("based", "based")]
-  # 32K first: with a time budget, the longest context is the one to keep
-  c.speed = {"train_lengths": (2048, 8192), "train_batch": 4, "train_steps": 5,
-             "decode_contexts": (32768, 1024, 8192), "decode_batch": 64,
-             "decode_tokens": 32}
-  if arg in ("decode", "train"):  # one half only: two sweeps, each with its own budget
-    c.title = f"Speed: {arg} throughput"
-    c.speed["train_lengths" if arg == "decode" else "decode_contexts"] = ()
-    if arg == "decode":  # two lengths, 32K first: what a few minutes of one GPU allow
-      c.speed["decode_contexts"] = (32768, 2048)
-  elif arg == "tiny":
-    c.model = {"vocab_size": 64, "d_model": 32, "num_layers": 2, "num_heads": 2,
-               "max_len": 256}
-    c.mixers = [_mixer("softmax", "softmax"), _mixer("gated_deltanet", "gated_deltanet")]
-    c.speed = {"train_lengths": (32, 64), "train_batch": 2, "train_steps": 2,
-               "decode_contexts": (16, 64), "decode_batch": 2, "decode_tokens": 4}
-  elif arg:
-    raise ValueError(f"compare_speed: unknown variant {arg!r}; use '', 'decode', 'train' or 'tiny'")
-  return c
+    c = ml_collections.ConfigDict()
+    c.title = "Speed: training and decode throughput"
+    c.task = "speed"
+    # The model every mixer shares (a ModelConfig dict): 8 layers, 1024 wide, bf16 compute.
+    c.model = {"vocab_size": 256, "d_model": 1024, "num_layers": 8, "num_heads": 8,
+               "dtype": "bfloat16", "max_len": 32768 + 64}
+    # in order of priority: a sweep cut short by its time budget keeps the first ones
+    c.mixers = [_mixer("softmax", "softmax"), _mixer("gated_deltanet", "gated_deltanet"),
+                _mixer("hybrid", "gated_deltanet", softmax_every=8), _mixer("based", "based")]
+    # 32K first: with a time budget, the longest context is the one to keep
+    c.speed = {"train_lengths": (2048, 8192), "train_batch": 4, "train_steps": 5,
+               "decode_contexts": (32768, 1024, 8192), "decode_batch": 64,
+               "decode_tokens": 32}
+    if arg in ("decode", "train"):  # one half only: two sweeps, each with its own budget
+        c.title = f"Speed: {arg} throughput"
+        c.speed["train_lengths" if arg == "decode" else "decode_contexts"] = ()
+        if arg == "decode":  # two lengths, 32K first: what a few minutes of one GPU allow
+            c.speed["decode_contexts"] = (32768, 2048)
+    elif arg == "tiny":
+        c.model = {"vocab_size": 64, "d_model": 32, "num_layers": 2, "num_heads": 2,
+                   "max_len": 256}
+        c.mixers = [_mixer("softmax", "softmax"), _mixer("gated_deltanet", "gated_deltanet")]
+        c.speed = {"train_lengths": (32, 64), "train_batch": 2, "train_steps": 2,
+                   "decode_contexts": (16, 64), "decode_batch": 2, "decode_tokens": 4}
+    elif arg:
+        raise ValueError(f"compare_speed: unknown variant {arg!r}; use '', 'decode', 'train' or 'tiny'")
+    return c

@@ -8,6 +8,6 @@ from configs import lm_files
 
 
 def get_config():
-  c = lm_files.get_config()
-  c.model.update(dict(num_layers=8, mixer="gated_deltanet", softmax_every=8))
-  return c
+    c = lm_files.get_config()
+    c.model.update(dict(num_layers=8, mixer="gated_deltanet", softmax_every=8))
+    return c

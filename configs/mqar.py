@@ -12,17 +12,17 @@ from configs import base
 
 
 def get_config():
-  c = base.get_config()
-  c.model.update(dict(d_model=64, num_layers=2, num_heads=2, mixer="softmax", mlp=False,
-                      dropout=0.0))
-  c.data.source = "mqar"
-  c.data.seq_len = 64
-  c.data.vocab_size = 512
-  c.data.num_kv_pairs = 4
-  c.data.power_a = 0.01
-  # Measured on the shared 2-core CPU: softmax reaches 0.99 (0.94 at step 2,000).
-  c.train.update(dict(steps=3000, batch_size=32, lr=3e-3, warmup_steps=100,
-                      weight_decay=0.1, min_lr_ratio=0.1, b2=0.99,
-                      log_every=50, eval_every=500, eval_batches=32,
-                      checkpoint_every=500))
-  return c
+    c = base.get_config()
+    c.model.update(dict(d_model=64, num_layers=2, num_heads=2, mixer="softmax", mlp=False,
+                        dropout=0.0))
+    c.data.source = "mqar"
+    c.data.seq_len = 64
+    c.data.vocab_size = 512
+    c.data.num_kv_pairs = 4
+    c.data.power_a = 0.01
+    # Measured on the shared 2-core CPU: softmax reaches 0.99 (0.94 at step 2,000).
+    c.train.update(dict(steps=3000, batch_size=32, lr=3e-3, warmup_steps=100,
+                        weight_decay=0.1, min_lr_ratio=0.1, b2=0.99,
+                        log_every=50, eval_every=500, eval_batches=32,
+                        checkpoint_every=500))
+    return c

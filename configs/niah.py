@@ -13,16 +13,16 @@ from configs import base
 
 
 def get_config():
-  c = base.get_config()
-  c.model.update(dict(d_model=128, num_layers=2, num_heads=4, mixer="softmax", mlp=True))
-  c.data.source = "niah"
-  c.data.seq_len = 256
-  c.data.tokenizer = "byte"
-  c.data.niah_kind = "passkey"           # passkey | multikey
-  c.data.num_keys = 4                    # needles in a multikey haystack
-  c.data.key_vocab = 64
-  c.data.num_digits = 5
-  c.data.filler_vocab = config_dict.placeholder(int)
-  c.train.update(dict(steps=3000, batch_size=32, lr=1e-3, warmup_steps=100, b2=0.99,
-                      log_every=50, eval_every=500, eval_batches=8, checkpoint_every=500))
-  return c
+    c = base.get_config()
+    c.model.update(dict(d_model=128, num_layers=2, num_heads=4, mixer="softmax", mlp=True))
+    c.data.source = "niah"
+    c.data.seq_len = 256
+    c.data.tokenizer = "byte"
+    c.data.niah_kind = "passkey"           # passkey | multikey
+    c.data.num_keys = 4                    # needles in a multikey haystack
+    c.data.key_vocab = 64
+    c.data.num_digits = 5
+    c.data.filler_vocab = config_dict.placeholder(int)
+    c.train.update(dict(steps=3000, batch_size=32, lr=1e-3, warmup_steps=100, b2=0.99,
+                        log_every=50, eval_every=500, eval_batches=8, checkpoint_every=500))
+    return c

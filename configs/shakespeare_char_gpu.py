@@ -11,15 +11,15 @@ from configs import base
 
 
 def get_config():
-  c = base.get_config()
-  c.model.update(dict(d_model=384, num_layers=6, num_heads=6, mixer="softmax", dropout=0.2,
-                      attention_dropout=0.2, tie_embeddings=True, max_len=256))
-  c.data.source = "files"
-  c.data.tokenizer = "char"
-  c.data.seq_len = 256
-  c.data.val_fraction = 0.1
-  c.train.update(dict(steps=5000, batch_size=64, lr=1e-3, min_lr_ratio=0.1, warmup_steps=100,
-                      weight_decay=0.1, b1=0.9, b2=0.99, grad_clip=1.0,
-                      log_every=10, eval_every=250, eval_batches=200, checkpoint_every=500,
-                      prng_impl="unsafe_rbg"))  # the GPU's generator: cheap dropout masks
-  return c
+    c = base.get_config()
+    c.model.update(dict(d_model=384, num_layers=6, num_heads=6, mixer="softmax", dropout=0.2,
+                        attention_dropout=0.2, tie_embeddings=True, max_len=256))
+    c.data.source = "files"
+    c.data.tokenizer = "char"
+    c.data.seq_len = 256
+    c.data.val_fraction = 0.1
+    c.train.update(dict(steps=5000, batch_size=64, lr=1e-3, min_lr_ratio=0.1, warmup_steps=100,
+                        weight_decay=0.1, b1=0.9, b2=0.99, grad_clip=1.0,
+                        log_every=10, eval_every=250, eval_batches=200, checkpoint_every=500,
+                        prng_impl="unsafe_rbg"))  # the GPU's generator: cheap dropout masks
+    return c

@@ -9,27 +9,27 @@ from training import config_tools
 
 
 def build_dataset(config):
-  import data
-  cfg_data = config.data.to_dict() if hasattr(config.data, "to_dict") else dict(config.data)
-  return data.build(cfg_data, seed=int(config.train.seed))
+    import data
+    cfg_data = config.data.to_dict() if hasattr(config.data, "to_dict") else dict(config.data)
+    return data.build(cfg_data, seed=int(config.train.seed))
 
 
 def build_model_config(config, dataset):
-  """`models.ModelConfig` from the model section, vocab_size taken from the dataset
-  when the config leaves it 0."""
-  import models
-  d = config_tools.model_config_dict(config, dataset.vocab_size)
-  try:
-    return models.ModelConfig.from_dict(d)
-  except (TypeError, ValueError) as e:  # name the section the user has to edit
-    raise config_tools.ConfigError(f"model section: {e}") from e
+    """`models.ModelConfig` from the model section, vocab_size taken from the dataset
+    when the config leaves it 0."""
+    import models
+    d = config_tools.model_config_dict(config, dataset.vocab_size)
+    try:
+        return models.ModelConfig.from_dict(d)
+    except (TypeError, ValueError) as e:  # name the section the user has to edit
+        raise config_tools.ConfigError(f"model section: {e}") from e
 
 
 def model_factory(model_cfg, seed: int):
-  """A zero-argument constructor: used abstractly (eval_shape) and inside jit."""
-  from flax import nnx
-  import models
+    """A zero-argument constructor: used abstractly (eval_shape) and inside jit."""
+    from flax import nnx
+    import models
 
-  def make():
-    return models.LanguageModel(model_cfg, rngs=nnx.Rngs(int(seed)))
-  return make
+    def make():
+        return models.LanguageModel(model_cfg, rngs=nnx.Rngs(int(seed)))
+    return make

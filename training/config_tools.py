@@ -20,137 +20,137 @@ CONFIG_YAML = "config.yaml"
 
 
 class ConfigError(ValueError):
-  """A user mistake in a config file or a --config.KEY=VALUE override."""
+    """A user mistake in a config file or a --config.KEY=VALUE override."""
 
 
 # ----------------------------------------------------------------------------- loading
 def load_config_file(spec: str):
-  """Imports `path[:arg]` and returns its `get_config([arg])`, locked."""
-  path, _, arg = spec.partition(":")
-  file = pathlib.Path(path)
-  if not file.is_file():
-    raise ConfigError(f"config file {path!r} not found; pass e.g. --config=configs/mqar.py")
-  module_spec = importlib.util.spec_from_file_location(f"_config_{file.stem}", file)
-  module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
-  if not hasattr(module, "get_config"):
-    raise ConfigError(f"config file {path!r} defines no get_config()")
-  config = module.get_config(arg) if arg else module.get_config()
-  config.lock()
-  return config
+    """Imports `path[:arg]` and returns its `get_config([arg])`, locked."""
+    path, _, arg = spec.partition(":")
+    file = pathlib.Path(path)
+    if not file.is_file():
+        raise ConfigError(f"config file {path!r} not found; pass e.g. --config=configs/mqar.py")
+    module_spec = importlib.util.spec_from_file_location(f"_config_{file.stem}", file)
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    if not hasattr(module, "get_config"):
+        raise ConfigError(f"config file {path!r} defines no get_config()")
+    config = module.get_config(arg) if arg else module.get_config()
+    config.lock()
+    return config
 
 
 def flat_keys(config, prefix: str = "") -> dict[str, Any]:
-  """{"train.lr": 1e-3, ...} for every leaf of a (nested) ConfigDict or mapping."""
-  out = {}
-  items = config.items() if hasattr(config, "items") else []
-  for key, value in items:
-    name = f"{prefix}{key}"
-    if hasattr(value, "items") and not isinstance(value, (str, bytes)):
-      out.update(flat_keys(value, name + "."))
-    else:
-      out[name] = value
-  return out
+    """{"train.lr": 1e-3, ...} for every leaf of a (nested) ConfigDict or mapping."""
+    out = {}
+    items = config.items() if hasattr(config, "items") else []
+    for key, value in items:
+        name = f"{prefix}{key}"
+        if hasattr(value, "items") and not isinstance(value, (str, bytes)):
+            out.update(flat_keys(value, name + "."))
+        else:
+            out[name] = value
+    return out
 
 
 def nearest(name: str, candidates: Iterable[str], n: int = 3) -> list[str]:
-  candidates = list(candidates)
-  close = difflib.get_close_matches(name, candidates, n=n, cutoff=0.5)
-  if not close:  # a wrong section but a right leaf name: suggest by the last component
-    leaf = name.rsplit(".", 1)[-1]
-    close = [c for c in candidates if c.rsplit(".", 1)[-1] == leaf][:n]
-  return close
+    candidates = list(candidates)
+    close = difflib.get_close_matches(name, candidates, n=n, cutoff=0.5)
+    if not close:  # a wrong section but a right leaf name: suggest by the last component
+        leaf = name.rsplit(".", 1)[-1]
+        close = [c for c in candidates if c.rsplit(".", 1)[-1] == leaf][:n]
+    return close
 
 
 def unknown_key_message(name: str, candidates: Iterable[str]) -> str:
-  close = nearest(name, candidates)
-  hint = f"; did you mean {', '.join(close)}?" if close else ""
-  return f"unknown config key {name!r}{hint}"
+    close = nearest(name, candidates)
+    hint = f"; did you mean {', '.join(close)}?" if close else ""
+    return f"unknown config key {name!r}{hint}"
 
 
 # ----------------------------------------------------------------------------- overrides
 def _field_type(config, dotted: str):
-  """The declared type of a leaf: placeholders carry it in their FieldReference."""
-  parent = config
-  *sections, leaf = dotted.split(".")
-  for s in sections:
-    parent = parent[s]
-  ref = parent.get_ref(leaf) if hasattr(parent, "get_ref") else None
-  if ref is not None:
-    return ref.get_type(), ref.get()
-  value = parent[leaf]
-  return type(value), value
+    """The declared type of a leaf: placeholders carry it in their FieldReference."""
+    parent = config
+    *sections, leaf = dotted.split(".")
+    for s in sections:
+        parent = parent[s]
+    ref = parent.get_ref(leaf) if hasattr(parent, "get_ref") else None
+    if ref is not None:
+        return ref.get_type(), ref.get()
+    value = parent[leaf]
+    return type(value), value
 
 
 def _check_value(dotted: str, text: str, field_type, default) -> None:
-  def fail(expected):
-    raise ConfigError(
-        f"--config.{dotted}={text!r}: expected {expected} (the default is {default!r})")
+    def fail(expected):
+        raise ConfigError(
+            f"--config.{dotted}={text!r}: expected {expected} (the default is {default!r})")
 
-  if field_type is bool:
-    if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
-      fail("a boolean, true or false")
-  elif field_type is int:
-    try:
-      int(text)
-    except ValueError:
-      fail("an integer")
-  elif field_type is float:
-    try:
-      float(text)
-    except ValueError:
-      fail("a number")
-  elif field_type in (tuple, list):
-    try:
-      value = ast.literal_eval(text)
-    except (ValueError, SyntaxError):
-      fail("a Python tuple such as (1, 2)")
-    if not isinstance(value, (tuple, list)):
-      fail("a Python tuple such as (1, 2)")
+    if field_type is bool:
+        if text.lower() not in ("true", "false", "1", "0", "yes", "no"):
+            fail("a boolean, true or false")
+    elif field_type is int:
+        try:
+            int(text)
+        except ValueError:
+            fail("an integer")
+    elif field_type is float:
+        try:
+            float(text)
+        except ValueError:
+            fail("a number")
+    elif field_type in (tuple, list):
+        try:
+            value = ast.literal_eval(text)
+        except (ValueError, SyntaxError):
+            fail("a Python tuple such as (1, 2)")
+        if not isinstance(value, (tuple, list)):
+            fail("a Python tuple such as (1, 2)")
 
 
 def check_overrides(config, overrides: Mapping[str, str]) -> None:
-  """Raises ConfigError for an override naming no key, or with a value of the wrong type."""
-  keys = flat_keys(config)
-  sections = {k.rsplit(".", 1)[0] for k in keys if "." in k}
-  for dotted, text in overrides.items():
-    if dotted in sections:
-      raise ConfigError(f"--config.{dotted} is a section, not a value; set one of its keys, "
-                        f"e.g. {', '.join(k for k in keys if k.startswith(dotted + '.'))[:200]}")
-    if dotted not in keys:
-      raise ConfigError(unknown_key_message(dotted, keys))
-    field_type, default = _field_type(config, dotted)
-    _check_value(dotted, text, field_type, default)
+    """Raises ConfigError for an override naming no key, or with a value of the wrong type."""
+    keys = flat_keys(config)
+    sections = {k.rsplit(".", 1)[0] for k in keys if "." in k}
+    for dotted, text in overrides.items():
+        if dotted in sections:
+            raise ConfigError(f"--config.{dotted} is a section, not a value; set one of its keys, "
+                              f"e.g. {', '.join(k for k in keys if k.startswith(dotted + '.'))[:200]}")
+        if dotted not in keys:
+            raise ConfigError(unknown_key_message(dotted, keys))
+        field_type, default = _field_type(config, dotted)
+        _check_value(dotted, text, field_type, default)
 
 
 def overrides_from_argv(argv: Iterable[str], flag: str = "config") -> tuple[str | None, dict]:
-  """Finds --config=FILE and --config.KEY=VALUE (or '--config.KEY VALUE') in argv."""
-  path, overrides = None, {}
-  argv = list(argv)
-  i = 0
-  while i < len(argv):
-    arg = argv[i]
-    for prefix in (f"--{flag}", f"-{flag}"):
-      if arg.startswith(prefix + "=") and path is None:
-        path = arg[len(prefix) + 1:]
-      elif arg == prefix and i + 1 < len(argv):
-        path = argv[i + 1]
+    """Finds --config=FILE and --config.KEY=VALUE (or '--config.KEY VALUE') in argv."""
+    path, overrides = None, {}
+    argv = list(argv)
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        for prefix in (f"--{flag}", f"-{flag}"):
+            if arg.startswith(prefix + "=") and path is None:
+                path = arg[len(prefix) + 1:]
+            elif arg == prefix and i + 1 < len(argv):
+                path = argv[i + 1]
+                i += 1
+            elif arg.startswith(prefix + "."):
+                body = arg[len(prefix) + 1:]
+                if "=" in body:
+                    key, value = body.split("=", 1)
+                elif i + 1 < len(argv) and not argv[i + 1].startswith("-"):
+                    key, value = body, argv[i + 1]
+                    i += 1
+                else:  # a bare boolean flag: --config.train.remat
+                    key, value = body, "true"
+                overrides[key] = value
+            else:
+                continue
+            break
         i += 1
-      elif arg.startswith(prefix + "."):
-        body = arg[len(prefix) + 1:]
-        if "=" in body:
-          key, value = body.split("=", 1)
-        elif i + 1 < len(argv) and not argv[i + 1].startswith("-"):
-          key, value = body, argv[i + 1]
-          i += 1
-        else:  # a bare boolean flag: --config.train.remat
-          key, value = body, "true"
-        overrides[key] = value
-      else:
-        continue
-      break
-    i += 1
-  return path, overrides
+    return path, overrides
 
 
 # ----------------------------------------------------------------------------- sanity
@@ -158,67 +158,67 @@ PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 
 
 def check_config(config) -> None:
-  """Values that are well-typed but impossible; named with the key and a fix."""
-  t = config.train
-  if t.steps <= 0:
-    raise ConfigError(f"train.steps={t.steps}: must be positive")
-  if t.batch_size <= 0:
-    raise ConfigError(f"train.batch_size={t.batch_size}: must be positive")
-  if t.grad_accum <= 0 or t.batch_size % t.grad_accum:
-    raise ConfigError(f"train.batch_size={t.batch_size} must be a multiple of "
-                      f"train.grad_accum={t.grad_accum}")
-  if t.get("precision") not in (None, "float32", "bfloat16"):
-    raise ConfigError(f"train.precision={t.precision!r}: use 'float32' or 'bfloat16'")
-  if t.get("prng_impl", "threefry2x32") not in PRNG_IMPLS:
-    raise ConfigError(f"train.prng_impl={t.prng_impl!r}: use one of {', '.join(PRNG_IMPLS)}")
-  if config.logging.wandb not in ("offline", "online", "disabled"):
-    raise ConfigError(f"logging.wandb={config.logging.wandb!r}: use offline, online or disabled")
+    """Values that are well-typed but impossible; named with the key and a fix."""
+    t = config.train
+    if t.steps <= 0:
+        raise ConfigError(f"train.steps={t.steps}: must be positive")
+    if t.batch_size <= 0:
+        raise ConfigError(f"train.batch_size={t.batch_size}: must be positive")
+    if t.grad_accum <= 0 or t.batch_size % t.grad_accum:
+        raise ConfigError(f"train.batch_size={t.batch_size} must be a multiple of "
+                          f"train.grad_accum={t.grad_accum}")
+    if t.get("precision") not in (None, "float32", "bfloat16"):
+        raise ConfigError(f"train.precision={t.precision!r}: use 'float32' or 'bfloat16'")
+    if t.get("prng_impl", "threefry2x32") not in PRNG_IMPLS:
+        raise ConfigError(f"train.prng_impl={t.prng_impl!r}: use one of {', '.join(PRNG_IMPLS)}")
+    if config.logging.wandb not in ("offline", "online", "disabled"):
+        raise ConfigError(f"logging.wandb={config.logging.wandb!r}: use offline, online or disabled")
 
 
 # ----------------------------------------------------------------------------- workdir
 def save_config(config, workdir: str | os.PathLike) -> None:
-  """Writes the resolved config as config.json (what load_config reads) and config.yaml."""
-  workdir = pathlib.Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
-  tmp = workdir / (CONFIG_JSON + ".tmp")
-  tmp.write_text(json.dumps(to_plain(config), indent=2, sort_keys=True))
-  os.replace(tmp, workdir / CONFIG_JSON)  # atomic: a reader never sees half a file
-  try:
-    import yaml
-    (workdir / CONFIG_YAML).write_text(yaml.safe_dump(to_plain(config), sort_keys=True))
-  except Exception:  # yaml is a convenience copy for people; json is what code reads
-    pass
+    """Writes the resolved config as config.json (what load_config reads) and config.yaml."""
+    workdir = pathlib.Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    tmp = workdir / (CONFIG_JSON + ".tmp")
+    tmp.write_text(json.dumps(to_plain(config), indent=2, sort_keys=True))
+    os.replace(tmp, workdir / CONFIG_JSON)  # atomic: a reader never sees half a file
+    try:
+        import yaml
+        (workdir / CONFIG_YAML).write_text(yaml.safe_dump(to_plain(config), sort_keys=True))
+    except Exception:  # yaml is a convenience copy for people; json is what code reads
+        pass
 
 
 def to_plain(config) -> dict:
-  return json.loads(config.to_json_best_effort()) if hasattr(config, "to_json_best_effort") \
-      else json.loads(json.dumps(dict(config)))
+    return json.loads(config.to_json_best_effort()) if hasattr(config, "to_json_best_effort") \
+        else json.loads(json.dumps(dict(config)))
 
 
 def load_config(workdir: str | os.PathLike):
-  """The ConfigDict that a run in `workdir` was started with (locked)."""
-  import ml_collections  # only where used: the GPU machine lacks it
+    """The ConfigDict that a run in `workdir` was started with (locked)."""
+    import ml_collections  # only where used: the GPU machine lacks it
 
-  path = pathlib.Path(workdir) / CONFIG_JSON
-  if not path.is_file():
-    raise ConfigError(f"{path} not found: is {workdir!r} the --workdir of a training run?")
-  config = ml_collections.ConfigDict(json.loads(path.read_text()))
-  config.lock()
-  return config
+    path = pathlib.Path(workdir) / CONFIG_JSON
+    if not path.is_file():
+        raise ConfigError(f"{path} not found: is {workdir!r} the --workdir of a training run?")
+    config = ml_collections.ConfigDict(json.loads(path.read_text()))
+    config.lock()
+    return config
 
 
 def model_config_dict(config, vocab_size: int) -> dict:
-  """The model section as a plain dict, vocab filled from the dataset when 0/None and
-  train.precision / train.remat applied where the model has those fields."""
-  d = dict(config.model.to_dict() if hasattr(config.model, "to_dict") else config.model)
-  train = config.train
-  if train.get("precision"):  # bfloat16 compute; parameters keep model.param_dtype (float32)
-    d["dtype"] = train.precision
-  if train.get("remat") is not None:
-    d["remat"] = bool(train.remat)
-  if not d.get("vocab_size"):
-    d["vocab_size"] = int(vocab_size)
-  elif d["vocab_size"] < vocab_size:
-    raise ConfigError(f"model.vocab_size={d['vocab_size']} is smaller than the dataset's "
-                      f"vocabulary ({vocab_size}); set it to 0 to take the dataset's")
-  return d
+    """The model section as a plain dict, vocab filled from the dataset when 0/None and
+    train.precision / train.remat applied where the model has those fields."""
+    d = dict(config.model.to_dict() if hasattr(config.model, "to_dict") else config.model)
+    train = config.train
+    if train.get("precision"):  # bfloat16 compute; parameters keep model.param_dtype (float32)
+        d["dtype"] = train.precision
+    if train.get("remat") is not None:
+        d["remat"] = bool(train.remat)
+    if not d.get("vocab_size"):
+        d["vocab_size"] = int(vocab_size)
+    elif d["vocab_size"] < vocab_size:
+        raise ConfigError(f"model.vocab_size={d['vocab_size']} is smaller than the dataset's "
+                          f"vocabulary ({vocab_size}); set it to 0 to take the dataset's")
+    return d

@@ -23,95 +23,95 @@ _SHARDING_METADATA = ("out_sharding", "sharding_names", "sharding")
 
 
 def path_name(path) -> str:
-  return "/".join(str(getattr(p, "key", p)) for p in path)
+    return "/".join(str(getattr(p, "key", p)) for p in path)
 
 
 def logical_axes(variable) -> tuple | None:
-  meta = variable.get_metadata() if hasattr(variable, "get_metadata") else {}
-  for key in _SHARDING_METADATA:
-    names = meta.get(key)
-    if names:
-      return tuple(names)
-  return None
+    meta = variable.get_metadata() if hasattr(variable, "get_metadata") else {}
+    for key in _SHARDING_METADATA:
+        names = meta.get(key)
+        if names:
+            return tuple(names)
+    return None
 
 
 @dataclasses.dataclass
 class ModelParts:
-  """What stays fixed while training: how to rebuild the model around new arrays."""
-  graphdef: Any
-  param_template: nnx.State      # abstract; its Variables carry the metadata
-  rest: nnx.State                 # non-param state (RNG streams), concrete
-  names: dict[str, tuple]         # flat name -> state path
-  logical: dict[str, tuple | None]
-  shapes: dict[str, tuple]
+    """What stays fixed while training: how to rebuild the model around new arrays."""
+    graphdef: Any
+    param_template: nnx.State      # abstract; its Variables carry the metadata
+    rest: nnx.State                 # non-param state (RNG streams), concrete
+    names: dict[str, tuple]         # flat name -> state path
+    logical: dict[str, tuple | None]
+    shapes: dict[str, tuple]
 
-  def merge(self, params: dict, rest=None):
-    """An nnx model whose parameters are `params` (a flat dict)."""
-    state = nnx.State.from_flat_path(
-        [(path, self.param_template_flat[name].replace(params[name]))
-         for name, path in self.names.items()])
-    rest = self.rest if rest is None else rest
-    # Re-create every Variable in the current trace (a pytree round trip): NNX refuses to
-    # mutate (RNG counters, remat write-back) Variables made at another trace level.
-    state, rest = jax.tree.map(lambda x: x, (state, rest))
-    return nnx.merge(self.graphdef, state, rest)
+    def merge(self, params: dict, rest=None):
+        """An nnx model whose parameters are `params` (a flat dict)."""
+        state = nnx.State.from_flat_path(
+            [(path, self.param_template_flat[name].replace(params[name]))
+             for name, path in self.names.items()])
+        rest = self.rest if rest is None else rest
+        # Re-create every Variable in the current trace (a pytree round trip): NNX refuses to
+        # mutate (RNG counters, remat write-back) Variables made at another trace level.
+        state, rest = jax.tree.map(lambda x: x, (state, rest))
+        return nnx.merge(self.graphdef, state, rest)
 
-  @property
-  def param_template_flat(self):
-    if not hasattr(self, "_flat"):
-      self._flat = {path_name(p): v for p, v in self.param_template.flat_state()}
-    return self._flat
+    @property
+    def param_template_flat(self):
+        if not hasattr(self, "_flat"):
+            self._flat = {path_name(p): v for p, v in self.param_template.flat_state()}
+        return self._flat
 
 
 def flat_params(params_state: nnx.State) -> dict:
-  return {path_name(p): (v.value if hasattr(v, "value") else v)
-          for p, v in params_state.flat_state()}
+    return {path_name(p): (v.value if hasattr(v, "value") else v)
+            for p, v in params_state.flat_state()}
 
 
 def describe(make_model: Callable[[], nnx.Module]):
-  """Abstract (shape-only) split of a model: no memory, no FLOPs."""
-  with nnx.use_eager_sharding(False):
-    abstract = nnx.eval_shape(make_model)
-  graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
-  flat = list(params.flat_state())
-  names = {path_name(p): tuple(p) for p, _ in flat}
-  logical = {path_name(p): logical_axes(v) for p, v in flat}
-  shapes = {path_name(p): tuple(v.value.shape) for p, v in flat}
-  return graphdef, params, rest, names, logical, shapes
+    """Abstract (shape-only) split of a model: no memory, no FLOPs."""
+    with nnx.use_eager_sharding(False):
+        abstract = nnx.eval_shape(make_model)
+    graphdef, params, rest = nnx.split(abstract, nnx.Param, ...)
+    flat = list(params.flat_state())
+    names = {path_name(p): tuple(p) for p, _ in flat}
+    logical = {path_name(p): logical_axes(v) for p, v in flat}
+    shapes = {path_name(p): tuple(v.value.shape) for p, v in flat}
+    return graphdef, params, rest, names, logical, shapes
 
 
 def init_sharded(make_model: Callable[[], nnx.Module], param_shardings: dict, rest_sharding):
-  """Builds the model inside one jit so each device creates only its own shards."""
-  def init():
-    with nnx.use_eager_sharding(False):
-      model = make_model()
-    _, params, rest = nnx.split(model, nnx.Param, ...)
-    return flat_params(params), rest
+    """Builds the model inside one jit so each device creates only its own shards."""
+    def init():
+        with nnx.use_eager_sharding(False):
+            model = make_model()
+        _, params, rest = nnx.split(model, nnx.Param, ...)
+        return flat_params(params), rest
 
-  _, _, abstract_rest, *_ = describe(make_model)
-  rest_shardings = jax.tree.map(lambda _: rest_sharding, abstract_rest)
-  return jax.jit(init, out_shardings=(param_shardings, rest_shardings))()
+    _, _, abstract_rest, *_ = describe(make_model)
+    rest_shardings = jax.tree.map(lambda _: rest_sharding, abstract_rest)
+    return jax.jit(init, out_shardings=(param_shardings, rest_shardings))()
 
 
 def rekey(rest: nnx.State, key) -> nnx.State:
-  """A copy of `rest` whose RNG streams are keyed from `key` (one per stream, by path)."""
-  def fix(path, variable):
-    if isinstance(variable, nnx.RngKey):
-      salt = zlib.crc32(path_name(path).encode()) & 0x7FFFFFFF
-      return variable.replace(jax.random.fold_in(key, salt))
-    if isinstance(variable, nnx.RngCount):
-      return variable.replace(jnp.zeros_like(variable.value))
-    return variable
+    """A copy of `rest` whose RNG streams are keyed from `key` (one per stream, by path)."""
+    def fix(path, variable):
+        if isinstance(variable, nnx.RngKey):
+            salt = zlib.crc32(path_name(path).encode()) & 0x7FFFFFFF
+            return variable.replace(jax.random.fold_in(key, salt))
+        if isinstance(variable, nnx.RngCount):
+            return variable.replace(jnp.zeros_like(variable.value))
+        return variable
 
-  flat = [(p, fix(p, v)) for p, v in rest.flat_state()]
-  return nnx.State.from_flat_path(flat)
+    flat = [(p, fix(p, v)) for p, v in rest.flat_state()]
+    return nnx.State.from_flat_path(flat)
 
 
 def num_params(shapes: dict) -> int:
-  total = 0
-  for s in shapes.values():
-    n = 1
-    for d in s:
-      n *= d
-    total += n
-  return total
+    total = 0
+    for s in shapes.values():
+        n = 1
+        for d in s:
+            n *= d
+        total += n
+    return total

@@ -20,42 +20,42 @@ TINY = {
 
 
 def tiny_config(**overrides):
-  """A model and task small enough to compile and train in seconds on 2 CPU cores."""
-  from training import config_tools
-  c = config_tools.load_config_file(str(ROOT / "configs" / "mqar.py"))
-  base = dict(TINY)
-  base.update(overrides)
-  for dotted, value in base.items():
-    *sections, leaf = dotted.split(".")
-    node = c
-    for s in sections:
-      node = node[s]
-    node[leaf] = value
-  return c
+    """A model and task small enough to compile and train in seconds on 2 CPU cores."""
+    from training import config_tools
+    c = config_tools.load_config_file(str(ROOT / "configs" / "mqar.py"))
+    base = dict(TINY)
+    base.update(overrides)
+    for dotted, value in base.items():
+        *sections, leaf = dotted.split(".")
+        node = c
+        for s in sections:
+            node = node[s]
+        node[leaf] = value
+    return c
 
 
 def cli_args(config_overrides: dict, workdir) -> list[str]:
-  """train.py arguments for the tiny config."""
-  base = dict(TINY)
-  base.update(config_overrides)
-  return ([sys.executable, str(ROOT / "train.py"), "--config=" + str(ROOT / "configs/mqar.py"),
-           f"--workdir={workdir}"] + [f"--config.{k}={v}" for k, v in base.items()])
+    """train.py arguments for the tiny config."""
+    base = dict(TINY)
+    base.update(config_overrides)
+    return ([sys.executable, str(ROOT / "train.py"), "--config=" + str(ROOT / "configs/mqar.py"),
+             f"--workdir={workdir}"] + [f"--config.{k}={v}" for k, v in base.items()])
 
 
 def env(**extra):
-  e = dict(os.environ)
-  e.pop("XLA_FLAGS", None)
-  e["PYTHONPATH"] = str(ROOT)
-  e["WANDB_MODE"] = "disabled"
-  e.update(extra)
-  return e
+    e = dict(os.environ)
+    e.pop("XLA_FLAGS", None)
+    e["PYTHONPATH"] = str(ROOT)
+    e["WANDB_MODE"] = "disabled"
+    e.update(extra)
+    return e
 
 
 def run_cli(args, timeout=300, **extra_env):
-  return subprocess.run(args, cwd=ROOT, env=env(**extra_env), capture_output=True, text=True,
-                        timeout=timeout)
+    return subprocess.run(args, cwd=ROOT, env=env(**extra_env), capture_output=True, text=True,
+                          timeout=timeout)
 
 
 @pytest.fixture
 def tiny():
-  return tiny_config
+    return tiny_config

@@ -11,66 +11,66 @@ from training import checkpoint
 
 
 def _state(width=4):
-  params = {"layers/0/kernel": jnp.arange(4.0 * width).reshape(4, width),
-            "norm/scale": jnp.ones(width)}
-  tx = optax.adamw(1e-3)
-  opt = tx.init(params)
-  opt = jax.tree.map(lambda x: x + 1 if x.dtype == jnp.float32 else x, opt)
-  return params, opt
+    params = {"layers/0/kernel": jnp.arange(4.0 * width).reshape(4, width),
+              "norm/scale": jnp.ones(width)}
+    tx = optax.adamw(1e-3)
+    opt = tx.init(params)
+    opt = jax.tree.map(lambda x: x + 1 if x.dtype == jnp.float32 else x, opt)
+    return params, opt
 
 
 def _abstract(tree):
-  return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
+    return jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), tree)
 
 
 def test_roundtrip_and_keep_last_k(tmp_path):
-  params, opt = _state()
-  ck = checkpoint.Checkpointer(tmp_path, keep=2)
-  for step in (2, 4, 6):
-    ck.save(step, jax.tree.map(lambda x: x * step, params), opt,
-            {"step": step, "data_position": step, "config": {"model": {"mixer": "softmax"}}},
-            force=True)
-  ck.wait()
-  assert ck.all_steps() == [4, 6] and ck.latest_step() == 6
-  p, o, meta = ck.restore(6, _abstract(params), _abstract(opt))
-  ck.close()
-  for k in params:
-    np.testing.assert_array_equal(np.asarray(p[k]), np.asarray(params[k]) * 6)
-  assert jax.tree.structure(o) == jax.tree.structure(opt)
-  for a, b in zip(jax.tree.leaves(o), jax.tree.leaves(opt)):
-    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  assert meta["data_position"] == 6
+    params, opt = _state()
+    ck = checkpoint.Checkpointer(tmp_path, keep=2)
+    for step in (2, 4, 6):
+        ck.save(step, jax.tree.map(lambda x: x * step, params), opt,
+                {"step": step, "data_position": step, "config": {"model": {"mixer": "softmax"}}},
+                force=True)
+    ck.wait()
+    assert ck.all_steps() == [4, 6] and ck.latest_step() == 6
+    p, o, meta = ck.restore(6, _abstract(params), _abstract(opt))
+    ck.close()
+    for k in params:
+        np.testing.assert_array_equal(np.asarray(p[k]), np.asarray(params[k]) * 6)
+    assert jax.tree.structure(o) == jax.tree.structure(opt)
+    for a, b in zip(jax.tree.leaves(o), jax.tree.leaves(opt)):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+    assert meta["data_position"] == 6
 
 
 def test_incomplete_save_is_ignored(tmp_path):
-  """A kill during a save leaves orbax's tmp directory: restore uses the step before."""
-  params, opt = _state()
-  ck = checkpoint.Checkpointer(tmp_path, async_save=False)
-  ck.save(3, params, opt, {"step": 3}, force=True)
-  ck.close()
-  # What an interrupted save of step 4 leaves behind (orbax writes, then renames).
-  partial = tmp_path / checkpoint.CHECKPOINT_DIR / "4.orbax-checkpoint-tmp-1796000000"
-  (partial / "params").mkdir(parents=True)
-  (partial / "params" / "garbage").write_bytes(b"\0" * 100)
-  ck = checkpoint.Checkpointer(tmp_path)
-  assert ck.latest_step() == 3 and ck.all_steps() == [3]
-  p, _, _ = ck.restore(ck.latest_step(), _abstract(params))
-  ck.close()
-  np.testing.assert_array_equal(np.asarray(p["norm/scale"]), np.ones(4))
+    """A kill during a save leaves orbax's tmp directory: restore uses the step before."""
+    params, opt = _state()
+    ck = checkpoint.Checkpointer(tmp_path, async_save=False)
+    ck.save(3, params, opt, {"step": 3}, force=True)
+    ck.close()
+    # What an interrupted save of step 4 leaves behind (orbax writes, then renames).
+    partial = tmp_path / checkpoint.CHECKPOINT_DIR / "4.orbax-checkpoint-tmp-1796000000"
+    (partial / "params").mkdir(parents=True)
+    (partial / "params" / "garbage").write_bytes(b"\0" * 100)
+    ck = checkpoint.Checkpointer(tmp_path)
+    assert ck.latest_step() == 3 and ck.all_steps() == [3]
+    p, _, _ = ck.restore(ck.latest_step(), _abstract(params))
+    ck.close()
+    np.testing.assert_array_equal(np.asarray(p["norm/scale"]), np.ones(4))
 
 
 def test_mismatch_names_the_parameter(tmp_path):
-  params, opt = _state(width=4)
-  ck = checkpoint.Checkpointer(tmp_path, async_save=False)
-  ck.save(1, params, opt, {"step": 1, "config": {"model": {"d_model": 4}}}, force=True)
-  wider = {k: v.shape[:-1] + (8,) for k, v in params.items()}
-  with pytest.raises(checkpoint.CheckpointMismatch) as e:
-    ck.check_compatible(1, wider, {"d_model": 8})
-  msg = str(e.value)
-  assert "'layers/0/kernel' has shape (4, 4) in the checkpoint but (4, 8)" in msg
-  assert "model.d_model=4 there, 8 here" in msg
-  other = {"layers/0/mixer/A_log": (2,), "norm/scale": (4,)}
-  with pytest.raises(checkpoint.CheckpointMismatch, match="'layers/0/mixer/A_log'.*not in the"):
-    ck.check_compatible(1, other)
-  ck.check_compatible(1, {k: v.shape for k, v in params.items()})  # the right model passes
-  ck.close()
+    params, opt = _state(width=4)
+    ck = checkpoint.Checkpointer(tmp_path, async_save=False)
+    ck.save(1, params, opt, {"step": 1, "config": {"model": {"d_model": 4}}}, force=True)
+    wider = {k: v.shape[:-1] + (8,) for k, v in params.items()}
+    with pytest.raises(checkpoint.CheckpointMismatch) as e:
+        ck.check_compatible(1, wider, {"d_model": 8})
+    msg = str(e.value)
+    assert "'layers/0/kernel' has shape (4, 4) in the checkpoint but (4, 8)" in msg
+    assert "model.d_model=4 there, 8 here" in msg
+    other = {"layers/0/mixer/A_log": (2,), "norm/scale": (4,)}
+    with pytest.raises(checkpoint.CheckpointMismatch, match="'layers/0/mixer/A_log'.*not in the"):
+        ck.check_compatible(1, other)
+    ck.check_compatible(1, {k: v.shape for k, v in params.items()})  # the right model passes
+    ck.close()

@@ -36,47 +36,47 @@ print("LOSSES" + json.dumps(out))
 
 
 def one_device_losses(workdir, model):
-  loop.train(tiny_config(**model), str(workdir))
-  return {e["step"]: e["loss"] for e in metrics.read_metrics(workdir) if "loss" in e}
+    loop.train(tiny_config(**model), str(workdir))
+    return {e["step"]: e["loss"] for e in metrics.read_metrics(workdir) if "loss" in e}
 
 
 def assert_close(got, want, rel=1e-5):
-  assert sorted(got) == sorted(want)
-  for step in want:
-    assert abs(got[step] - want[step]) <= rel * abs(want[step]), (step, got[step], want[step])
+    assert sorted(got) == sorted(want)
+    for step in want:
+        assert abs(got[step] - want[step]) <= rel * abs(want[step]), (step, got[step], want[step])
 
 
 @pytest.mark.parametrize("model", MODELS)
 def test_meshes_over_8_devices_match_one_device(tmp_path, model):
-  want = one_device_losses(tmp_path / "one", model)
-  r = subprocess.run([sys.executable, "-c", MESH_SCRIPT, json.dumps(model), str(tmp_path)],
-                     cwd=ROOT, capture_output=True, text=True, timeout=600,
-                     env=env(XLA_FLAGS="--xla_force_host_platform_device_count=8"))
-  assert r.returncode == 0, r.stderr[-3000:]
-  out = json.loads(r.stdout.split("LOSSES", 1)[1])
-  assert set(out) == {"8x1x1", "4x2x1", "2x2x2"}
-  for name, got in out.items():
-    assert_close({int(k): v for k, v in got.items()}, want)
+    want = one_device_losses(tmp_path / "one", model)
+    r = subprocess.run([sys.executable, "-c", MESH_SCRIPT, json.dumps(model), str(tmp_path)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=600,
+                       env=env(XLA_FLAGS="--xla_force_host_platform_device_count=8"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout.split("LOSSES", 1)[1])
+    assert set(out) == {"8x1x1", "4x2x1", "2x2x2"}
+    for name, got in out.items():
+        assert_close({int(k): v for k, v in got.items()}, want)
 
 
 def _free_port():
-  with socket.socket() as s:
-    s.bind(("localhost", 0))
-    return s.getsockname()[1]
+    with socket.socket() as s:
+        s.bind(("localhost", 0))
+        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("model", MODELS)
 def test_two_processes_match_one_process(tmp_path, model):
-  want = one_device_losses(tmp_path / "one", model)
-  port = _free_port()
-  procs = [subprocess.Popen(cli_args(model, tmp_path / "two"), cwd=ROOT,
-                            env=env(JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
-                                    JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(i)),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-           for i in range(2)]
-  outs = [p.communicate(timeout=600) for p in procs]
-  for p, (_, err) in zip(procs, outs):
-    assert p.returncode == 0, err[-3000:]
-  assert "over 2 cpu device(s)" in outs[0][1]  # one device per process, one global mesh
-  got = {e["step"]: e["loss"] for e in metrics.read_metrics(tmp_path / "two") if "loss" in e}
-  assert_close(got, want)
+    want = one_device_losses(tmp_path / "one", model)
+    port = _free_port()
+    procs = [subprocess.Popen(cli_args(model, tmp_path / "two"), cwd=ROOT,
+                              env=env(JAX_COORDINATOR_ADDRESS=f"localhost:{port}",
+                                      JAX_NUM_PROCESSES="2", JAX_PROCESS_ID=str(i)),
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for i in range(2)]
+    outs = [p.communicate(timeout=600) for p in procs]
+    for p, (_, err) in zip(procs, outs):
+        assert p.returncode == 0, err[-3000:]
+    assert "over 2 cpu device(s)" in outs[0][1]  # one device per process, one global mesh
+    got = {e["step"]: e["loss"] for e in metrics.read_metrics(tmp_path / "two") if "loss" in e}
+    assert_close(got, want)
