@@ -11,7 +11,8 @@ Modules (each with one job):
   checkpoint    orbax checkpoints (atomic, async, keep k) and load_for_eval(workdir)
   metrics       metrics.jsonl and wandb (offline by default)
   flops         FLOPs per token per mixer and MFU
-  loop          train(config, workdir): the jitted, donated, sharded train step and loop
+  step          the train and eval steps as pure functions (also timed by eval/speed.py)
+  loop          train(config, workdir): the jitted, donated, sharded steps in a loop
 
 Known limitation (jaxlib 0.10 on CPU): gated_deltanet / deltanet with impl=chunk or
 parallel can hang in XLA:CPU on a 2-core machine when batched LAPACK triangular solves run

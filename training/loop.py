@@ -19,12 +19,12 @@ import time
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
 
 from training import builders, checkpoint, config_tools, flops, metrics, model_state, optim
 from training import sharding as shd
+from training.step import make_eval_step, make_train_step
 
 
 class TrainingError(RuntimeError):
@@ -37,74 +37,6 @@ class Interrupted(Exception):
     def __init__(self, signum: int, step: int):
         super().__init__(f"stopped by {signal.Signals(signum).name} at step {step}")
         self.signum, self.step = signum, step
-
-
-# ----------------------------------------------------------------------------- the loss
-def loss_sums(model, batch, *, deterministic: bool):
-    """(sum of masked token cross-entropies, number of masked tokens, number correct)."""
-    logits = model(batch["inputs"], segment_ids=batch["segment_ids"], deterministic=deterministic)
-    logits = logits.astype(jnp.float32)
-    nll = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
-    mask = batch["mask"].astype(jnp.float32)
-    correct = (jnp.argmax(logits, axis=-1) == batch["targets"]).astype(jnp.float32)
-    return jnp.sum(nll * mask), jnp.sum(mask), jnp.sum(correct * mask)
-
-
-def make_train_step(parts: model_state.ModelParts, tx, grad_accum: int, mesh):
-    """A pure function (params, opt_state, batch, rng) -> (params, opt_state, metrics)."""
-
-    def summed(p, batch, rng):
-        # Dropout keyed by (seed, step, microbatch). The model is merged inside its own jit
-        # (inlined by XLA): NNX lets a model mutate Variables (RNG counters, remat's
-        # write-back) only in the trace that created them.
-        rest = model_state.rekey(parts.rest, rng)
-        s, n, c = loss_sums(parts.merge(p, rest), batch, deterministic=False)
-        return s, (n, c)
-    summed_grad = jax.value_and_grad(jax.jit(summed), has_aux=True)
-
-    def grads_of(params, batch, rng):
-        (s, (n, _)), g = summed_grad(params, batch, rng)
-        return s, n, g
-
-    def step(params, opt_state, batch, rng):
-        if grad_accum == 1:
-            loss_sum, count, grads = grads_of(params, batch, rng)
-        else:
-            # Microbatch i takes rows i, i+A, i+2A...: every device keeps a share of each one.
-            def split(x):
-                x = x.reshape((x.shape[0] // grad_accum, grad_accum) + x.shape[1:]).swapaxes(0, 1)
-                return jax.lax.with_sharding_constraint(
-                    x, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None,
-                                                                                   shd.BATCH_AXES)))
-            micro = jax.tree.map(split, batch)
-            zeros = jax.tree.map(jnp.zeros_like, params)
-
-            def body(carry, xs):
-                s_acc, n_acc, g_acc = carry
-                mb, i = xs
-                s, n, g = grads_of(params, mb, jax.random.fold_in(rng, i))
-                return (s_acc + s, n_acc + n, jax.tree.map(jnp.add, g_acc, g)), None
-            (loss_sum, count, grads), _ = jax.lax.scan(
-                body, (jnp.zeros(()), jnp.zeros(()), zeros), (micro, jnp.arange(grad_accum)))
-        # Sums over all masked tokens, then one division: the same gradient as one big batch.
-        count = jnp.maximum(count, 1.0)
-        grads = jax.tree.map(lambda g: g / count, grads)
-        updates, opt_state = tx.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        loss, grad_norm = loss_sum / count, optax.global_norm(grads)
-        # A checkpoint is only written after a step whose loss, gradients and new parameters are
-        # all finite (one cheap reduction), so a NaN is never saved.
-        finite = jnp.isfinite(loss) & jnp.isfinite(grad_norm) & jnp.all(jnp.stack(
-            [jnp.all(jnp.isfinite(p)) for p in jax.tree.leaves(params)]))
-        return params, opt_state, {"loss": loss, "grad_norm": grad_norm, "finite": finite}
-
-    return step
-
-
-def make_eval_step(parts: model_state.ModelParts):
-    def step(params, batch):
-        return loss_sums(parts.merge(params), batch, deterministic=True)
-    return step
 
 
 # ----------------------------------------------------------------------------- helpers
