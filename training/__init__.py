@@ -9,7 +9,7 @@ Modules (each with one job):
   sharding      mesh ("data", "fsdp", "tensor"), logical-axis rules, global batches
   optim         AdamW, warmup + cosine, clipping, weight-decay mask
   checkpoint    orbax checkpoints (atomic, async, keep k) and load_for_eval(workdir)
-  metrics       metrics.jsonl and wandb (offline by default)
+  metrics       metrics.jsonl, wandb (offline by default) and the terminal
   flops         FLOPs per token per mixer and MFU
   step          the train and eval steps as pure functions (also timed by eval/speed.py)
   loop          train(config, workdir): the jitted, donated, sharded steps in a loop

@@ -1,22 +1,27 @@
-"""The training loop: config -> data -> mesh -> model + optimizer -> steps, evals, checkpoints.
+"""The training loop: config -> data -> mesh -> model + optimizer -> steps, evals and
+checkpoints.
 
-Read top to bottom, `train()` does what train.py promises:
-  1. build the dataset and the model config (vocab from the dataset), the device mesh;
-  2. describe the model abstractly, shard its parameters by logical-axis rules;
+`train()` does what train.py promises, and `_train` reads as that list:
+  1. build the dataset, the model config (vocab from the dataset) and the device mesh;
+  2. describe the model abstractly and shard its parameters by logical-axis rules;
   3. restore the newest complete checkpoint if the workdir has one (after checking it
      fits the model), else initialise inside one sharded jit;
   4. run one jitted, donated train step per batch; the batch at step s is
      dataset.batch(s), so the data position is the step and resume is exact;
-  5. log, evaluate, checkpoint; stop cleanly on NaN (no save) or on SIGINT/SIGTERM (save).
+  5. log, evaluate, checkpoint; stop cleanly on NaN (no save), on early stopping (save)
+     or on SIGINT/SIGTERM (save).
+The pieces it calls follow it in the order it calls them: data and mesh, the model,
+restore, the steps, logging, saving, signals, the loop.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import signal
 import sys
 import time
-from typing import Any
+from typing import Any, Callable, Iterator, NamedTuple
 
 import jax
 import numpy as np
@@ -39,93 +44,6 @@ class Interrupted(Exception):
         self.signum, self.step = signum, step
 
 
-# ----------------------------------------------------------------------------- helpers
-@dataclasses.dataclass
-class _Stop:
-    signum: int | None = None
-
-
-class _Patience:
-    """Early stopping: True once `limit` evaluations in a row bring no new best eval loss
-    (limit 0: never). The best validation loss a run reports is unchanged by stopping."""
-
-    def __init__(self, limit: int):
-        self.limit, self.best, self.since_best = limit, math.inf, 0
-
-    def update(self, eval_loss: float) -> bool:
-        if eval_loss < self.best:
-            self.best, self.since_best = eval_loss, 0
-        else:
-            self.since_best += 1
-        return self.limit > 0 and self.since_best >= self.limit
-
-
-def _install_signal_handlers(flag: _Stop):
-    """SIGINT/SIGTERM set a flag; the loop saves at the next step boundary and exits."""
-    previous = {}
-
-    def handler(signum, frame):
-        if flag.signum is not None:  # a second Ctrl-C: give up at once
-            raise KeyboardInterrupt
-        flag.signum = signum
-        print(f"\n{signal.Signals(signum).name} received: saving a checkpoint at the current step "
-              f"(press Ctrl-C again to abort without saving)", file=sys.stderr, flush=True)
-
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        try:
-            previous[sig] = signal.signal(sig, handler)
-        except ValueError:  # not the main thread (e.g. inside some test runners)
-            pass
-    return previous
-
-
-def _restore_signal_handlers(previous):
-    for sig, h in previous.items():
-        signal.signal(sig, h)
-
-
-def _abstract(shapes_dtypes: dict, shardings: dict):
-    return {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=shardings[k])
-            for k, v in shapes_dtypes.items()}
-
-
-class _Progress:
-    """tqdm when asked for and available; otherwise a line per log step."""
-
-    def __init__(self, enabled: bool, start: int, total: int):
-        self.bar = None
-        if enabled:
-            try:
-                from tqdm import tqdm
-                self.bar = tqdm(total=total, initial=start, dynamic_ncols=True, unit="step",
-                                file=sys.stderr, mininterval=0.5)
-            except ImportError:
-                pass
-
-    def update(self, n=1):
-        if self.bar is not None:
-            self.bar.update(n)
-
-    def show(self, entry: dict):
-        if self.bar is not None:
-            self.bar.set_postfix(loss=f"{entry['loss']:.4f}",
-                                 tok_s=f"{entry['tokens_per_s']:.0f}", refresh=False)
-        else:
-            print(f"step {entry['step']}: loss {entry['loss']:.4f}, lr {entry['lr']:.2e}, "
-                  f"{entry['tokens_per_s']:.0f} tok/s, mfu {100 * entry['mfu']:.2f}%", flush=True)
-
-    def write(self, text: str):
-        if self.bar is not None:
-            self.bar.write(text, file=sys.stderr)
-        else:
-            print(text, flush=True)
-
-    def close(self):
-        if self.bar is not None:
-            self.bar.close()
-
-
-# ----------------------------------------------------------------------------- train
 def train(config, workdir: str) -> dict[str, Any]:
     """Trains (or resumes) the run in `workdir`; returns the final eval metrics."""
     config_tools.check_config(config)
@@ -135,204 +53,422 @@ def train(config, workdir: str) -> dict[str, Any]:
 
 
 def _train(config, workdir: str) -> dict[str, Any]:
-    is_main = jax.process_index() == 0
     t_cfg = config.train
+    is_main = jax.process_index() == 0
+    dataset, model_cfg = _dataset_and_model_config(config)
+    mesh = _mesh(config)
+    model, layout = _describe_model(config, model_cfg, mesh)
+    feed = _Feed(dataset, t_cfg.batch_size, t_cfg.eval_batches, layout.batch)
 
-    # 1. Data, model config, mesh.
+    # Everything opened below is closed on the way out, whatever stops the run; closing
+    # the checkpointer waits for an async save in flight.
+    with contextlib.ExitStack() as opened:
+        ckpt = opened.enter_context(contextlib.closing(checkpoint.Checkpointer(
+            workdir, keep=t_cfg.keep_checkpoints, async_save=t_cfg.async_checkpoints)))
+        start = ckpt.latest_step()
+        restored = start is not None
+        if restored:  # a checkpoint of another model stops here, before the workdir changes
+            ckpt.check_compatible(start, model.shapes, config.model.to_dict())
+        if is_main:
+            config_tools.save_config(config, workdir)
+        patience = int(t_cfg.get("early_stop_patience", 0) or 0)
+        state, rest = _restore_or_init(ckpt, start, model, layout, patience)
+        start = state.step
+        steps = _compile(model, rest, layout, t_cfg, mesh)
+
+        n_params = model_state.num_params(model.shapes)
+        banner = _banner(n_params, model_cfg, mesh, start)
+        sinks = _open_sinks(opened, config, workdir, start if restored else None, banner,
+                            is_main)
+        stop = opened.enter_context(_signals_caught())
+
+        saver = _Saver(ckpt, config, last_saved=start if restored else None)
+        step_log = _StepLog(sinks, _Speed(config, model_cfg, n_params, start),
+                            model.schedule, saver)
+        end_step = start if state.early.stopped else t_cfg.steps
+        _run_steps(state, end_step, t_cfg, steps, feed, saver, step_log, sinks, stop)
+
+        step_log.flush(log_now=True)
+        saver.save(state)
+        # A finished run started again only re-reports: its final eval is already logged.
+        result = _evaluate(steps.eval, state.params, feed, state.step)
+        if state.step > start or not restored:
+            sinks.record(result)
+        saver.wait()
+    result["num_params"] = n_params
+    result["step"] = state.step
+    return result
+
+
+# ---------------------------------------------------------------------------- 1. data, mesh
+def _dataset_and_model_config(config):
     try:
         dataset = builders.build_dataset(config)
-    except (ValueError, OSError, KeyError, ImportError) as e:  # the data package names the file
+    except (ValueError, OSError, KeyError, ImportError) as e:
+        # The data package's message names the file; "data:" names the config section.
         raise config_tools.ConfigError(f"data: {e.args[0] if e.args else e}") from e
-    model_cfg = builders.build_model_config(config, dataset)
+    return dataset, builders.build_model_config(config, dataset)
+
+
+def _mesh(config):
     mesh = shd.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
-    shd.check_batch_divides(t_cfg.batch_size // t_cfg.grad_accum, mesh,
+    shd.check_batch_divides(config.train.batch_size // config.train.grad_accum, mesh,
                             "train.batch_size / train.grad_accum")
-    repl, batch_sh = shd.replicated(mesh), shd.batch_sharding(mesh)
+    return mesh
 
-    # 2. The model, abstractly: names, shapes, logical axes -> shardings.
-    make_model = builders.model_factory(model_cfg, t_cfg.seed)
-    graphdef, template, abstract_rest, names, logical, shapes = model_state.describe(make_model)
-    p_sh = shd.param_shardings(logical, shapes, mesh)
-    abstract_params = {model_state.path_name(p): v.value for p, v in template.flat_state()}
-    tx, schedule = optim.make_optimizer(t_cfg, abstract_params, logical)
-    abstract_opt = jax.eval_shape(tx.init, abstract_params)
-    o_sh = optax.tree_map_params(tx, lambda _, s: s, abstract_opt, p_sh,
-                                 transform_non_params=lambda _: repl,
-                                 is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
 
-    # 3. Restore or initialise. A checkpoint of another model stops here, before anything
-    # in the workdir is touched.
-    ckpt = checkpoint.Checkpointer(workdir, keep=t_cfg.keep_checkpoints,
-                                   async_save=t_cfg.async_checkpoints)
-    start = ckpt.latest_step()
-    if start is not None:
-        try:
-            ckpt.check_compatible(start, shapes, config.model.to_dict())
-        except Exception:
-            ckpt.close()
-            raise
+class _Feed(NamedTuple):
+    """Global batches on the mesh. The training batch of step s is dataset.batch(s): the
+    data position is the step, so a resumed run sees the batches an uninterrupted one
+    would."""
+    dataset: Any
+    batch_size: int
+    eval_batches: int
+    sharding: Any
+
+    def train(self, step: int) -> dict:
+        return shd.global_batch(self.dataset.batch(step, self.batch_size), self.sharding)
+
+    def eval(self) -> Iterator[dict]:
+        for b in self.dataset.eval_batches(self.batch_size, self.eval_batches):
+            yield shd.global_batch(b, self.sharding)
+
+
+# ----------------------------------------------------------------------------- 2. the model
+class _Model(NamedTuple):
+    """The model abstractly (no memory, no FLOPs) and its optimizer."""
+    make: Callable[[], Any]
+    graphdef: Any
+    template: Any
+    names: dict
+    logical: dict
+    shapes: dict
+    params: dict          # name -> jax.ShapeDtypeStruct
+    opt_state: Any        # the optimizer state's tree of jax.ShapeDtypeStruct
+    tx: optax.GradientTransformation
+    schedule: Callable[[int], Any]
+
+
+class _Layout(NamedTuple):
+    """Where every array lives on the mesh."""
+    params: dict          # name -> NamedSharding, by logical-axis rules
+    opt_state: Any        # like the parameter it belongs to; counters replicated
+    replicated: Any
+    batch: Any
+
+
+def _describe_model(config, model_cfg, mesh) -> tuple[_Model, _Layout]:
+    make = builders.model_factory(model_cfg, config.train.seed)
+    graphdef, template, _, names, logical, shapes = model_state.describe(make)
+    params = {model_state.path_name(p): v.value for p, v in template.flat_state()}
+    tx, schedule = optim.make_optimizer(config.train, params, logical)
+    opt_state = jax.eval_shape(tx.init, params)
+    repl = shd.replicated(mesh)
+    param_sh = shd.param_shardings(logical, shapes, mesh)
+    opt_sh = optax.tree_map_params(tx, lambda _, s: s, opt_state, param_sh,
+                                   transform_non_params=lambda _: repl,
+                                   is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
+    model = _Model(make, graphdef, template, names, logical, shapes, params, opt_state, tx,
+                   schedule)
+    return model, _Layout(param_sh, opt_sh, repl, shd.batch_sharding(mesh))
+
+
+# ------------------------------------------------------------------------------- 3. restore
+class _EarlyStop:
+    """Early stopping: stops once `limit` evaluations in a row bring no new best eval loss
+    (limit 0: never). The best validation loss a run reports is unchanged by stopping.
+    Its state travels in the checkpoint, so a resumed run stops where an uninterrupted
+    one would, and a run that stopped early stays stopped."""
+
+    def __init__(self, limit: int, saved: dict | None = None):
+        saved = saved or {}
+        self.limit = limit
+        self.best = math.inf if saved.get("best") is None else float(saved["best"])
+        self.since_best = int(saved.get("since_best", 0))
+        self.stopped = bool(saved.get("stopped"))
+
+    def update(self, eval_loss: float) -> bool:
+        """Counts one evaluation; True when the run is to stop now."""
+        if eval_loss < self.best:
+            self.best, self.since_best = eval_loss, 0
+        else:
+            self.since_best += 1
+        self.stopped = self.limit > 0 and self.since_best >= self.limit
+        return self.stopped
+
+    def saved(self) -> dict:
+        return {"best": None if math.isinf(self.best) else self.best,
+                "since_best": self.since_best, "stopped": self.stopped}
+
+
+@dataclasses.dataclass
+class _State:
+    """What a checkpoint holds: the arrays, the updates done so far, early stopping."""
+    params: dict
+    opt_state: Any
+    step: int
+    early: _EarlyStop
+
+
+def _restore_or_init(ckpt, step: int | None, model: _Model, layout: _Layout,
+                     patience: int) -> tuple[_State, Any]:
+    """(the state to start from, the model's non-parameter state). The model is always
+    initialised: its RNG streams are not in the checkpoint (each step re-keys them)."""
+    params, rest = model_state.init_sharded(model.make, layout.params, layout.replicated)
+    if step is None:
+        opt_state = jax.jit(model.tx.init, out_shardings=layout.opt_state)(params)
+        return _State(params, opt_state, 0, _EarlyStop(patience)), rest
+    del params  # freed before the checkpoint's arrays take their place
+    params, opt_state, meta = ckpt.restore(step, _placed(model.params, layout.params),
+                                           _placed(model.opt_state, layout.opt_state))
+    if int(meta.get("data_position", step)) != step:
+        raise TrainingError(f"checkpoint {step} has data position {meta['data_position']}")
+    early = _EarlyStop(patience, meta.get("early_stop"))
+    return _State(params, opt_state, step, early), rest
+
+
+def _placed(abstract, shardings):
+    """Abstract arrays that carry their target shardings (what a restore fills in)."""
+    return jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
+                        abstract, shardings)
+
+
+# ----------------------------------------------------------------------------- 4. the steps
+class _Steps(NamedTuple):
+    """The compiled steps and the run's base key (step s trains with fold_in(key, s))."""
+    train: Callable
+    eval: Callable
+    base_key: Any
+
+    def key(self, step: int):
+        return jax.random.fold_in(self.base_key, step)
+
+
+def _compile(model: _Model, rest, layout: _Layout, t_cfg, mesh) -> _Steps:
+    """Explicit shardings in and out; the train step donates parameters and optimizer
+    state, so a step needs memory for one copy of them."""
+    parts = model_state.ModelParts(model.graphdef, model.template, rest, model.names,
+                                   model.logical, model.shapes)
+    train_step = jax.jit(make_train_step(parts, model.tx, t_cfg.grad_accum, mesh),
+                         in_shardings=(layout.params, layout.opt_state, layout.batch,
+                                       layout.replicated),
+                         out_shardings=(layout.params, layout.opt_state, layout.replicated),
+                         donate_argnums=(0, 1))
+    eval_step = jax.jit(make_eval_step(parts), in_shardings=(layout.params, layout.batch),
+                        out_shardings=layout.replicated)
+    return _Steps(train_step, eval_step, jax.random.key(int(t_cfg.seed)))
+
+
+def _evaluate(eval_step, params, feed: _Feed, step: int) -> dict:
+    """Masked loss and accuracy over the eval batches, token-weighted."""
+    total = np.zeros(3)
+    for batch in feed.eval():
+        total += np.asarray(jax.device_get(eval_step(params, batch)))
+    return {"step": step, "eval_loss": total[0] / max(total[1], 1.0),
+            "eval_accuracy": total[2] / max(total[1], 1.0)}
+
+
+# ------------------------------------------------------------------------------- 5. logging
+def _banner(n_params: int, model_cfg, mesh, start: int) -> str:
+    where = f"resuming from step {start}" if start else "starting fresh"
+    return (f"{n_params:,} parameters; mixers {model_cfg.layer_mixers()}; mesh "
+            f"{dict(mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} "
+            f"device(s); {where}")
+
+
+def _open_sinks(opened: contextlib.ExitStack, config, workdir: str, resume_step: int | None,
+                banner: str, is_main: bool) -> metrics.Sinks:
+    """metrics.jsonl (its entries past `resume_step` dropped), wandb and the terminal,
+    each closed by `opened`. Only the main process writes them; the banner comes before
+    the progress bar starts drawing."""
+    log = opened.enter_context(contextlib.closing(metrics.MetricsFile(
+        workdir, resume_step=resume_step, enabled=is_main)))
+    wandb = opened.enter_context(contextlib.closing(metrics.WandbLogger(
+        workdir, mode=config.logging.wandb, project=config.logging.project,
+        name=config.logging.name, config=config_tools.to_plain(config), enabled=is_main)))
     if is_main:
-        config_tools.save_config(config, workdir)
+        print(banner, file=sys.stderr, flush=True)
+    progress = opened.enter_context(contextlib.closing(metrics.Progress(
+        config.logging.progress and is_main, resume_step or 0, config.train.steps)))
+    return metrics.Sinks(log, wandb, progress)
 
-    params, rest = model_state.init_sharded(make_model, p_sh, repl)
-    parts = model_state.ModelParts(graphdef, template, rest, names, logical, shapes)
-    restored = start is not None
-    # Early stopping's state travels in the checkpoint, so a resumed run stops where an
-    # uninterrupted one would (and a run that stopped early stays stopped).
-    patience = _Patience(int(t_cfg.get("early_stop_patience", 0) or 0))
-    end_step = t_cfg.steps
-    if not restored:
-        start = 0
-        opt_state = jax.jit(tx.init, out_shardings=o_sh)(params)
-    else:
-        del params  # replaced by the checkpoint's
-        params, opt_state, meta = ckpt.restore(
-            start, _abstract(abstract_params, p_sh),
-            jax.tree.map(lambda a, s: jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=s),
-                         abstract_opt, o_sh))
-        if int(meta.get("data_position", start)) != start:
-            raise TrainingError(f"checkpoint {start} has data position {meta['data_position']}")
-        early = meta.get("early_stop") or {}
-        patience.best = math.inf if early.get("best") is None else float(early["best"])
-        patience.since_best = int(early.get("since_best", 0))
-        if early.get("stopped"):
-            end_step = start
 
-    n_params = model_state.num_params(shapes)
-    tokens_per_step = t_cfg.batch_size * int(config.data.seq_len)
-    flops_per_token = flops.train_flops_per_token(n_params, model_cfg.to_dict(),
-                                                  int(config.data.seq_len),
-                                                  model_cfg.layer_mixers())
-    peak = t_cfg.peak_flops or flops.peak_flops_per_device(precision=model_cfg.dtype)
+class _Speed:
+    """Tokens per second over the steps since the clock last started, and the MFU."""
 
-    # 4. Compiled steps: explicit shardings, donated state.
-    train_step = jax.jit(make_train_step(parts, tx, t_cfg.grad_accum, mesh),
-                         in_shardings=(p_sh, o_sh, batch_sh, repl),
-                         out_shardings=(p_sh, o_sh, repl), donate_argnums=(0, 1))
-    eval_step = jax.jit(make_eval_step(parts), in_shardings=(p_sh, batch_sh),
-                        out_shardings=repl)
-    base_key = jax.random.key(int(t_cfg.seed))
+    def __init__(self, config, model_cfg, n_params: int, step: int):
+        seq_len = int(config.data.seq_len)
+        self.tokens_per_step = config.train.batch_size * seq_len
+        self.flops_per_token = flops.train_flops_per_token(
+            n_params, model_cfg.to_dict(), seq_len, model_cfg.layer_mixers())
+        self.peak = (config.train.peak_flops
+                     or flops.peak_flops_per_device(precision=model_cfg.dtype))
+        self.restart(step)
 
-    log = metrics.MetricsFile(workdir, resume_step=start if restored else None, enabled=is_main)
-    wandb = metrics.WandbLogger(workdir, mode=config.logging.wandb, project=config.logging.project,
-                                name=config.logging.name, config=config_tools.to_plain(config),
-                                enabled=is_main)
-    if is_main:
-        print(f"{n_params:,} parameters; mixers {model_cfg.layer_mixers()}; mesh "
-              f"{dict(mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} "
-              f"device(s); {'resuming from step ' + str(start) if start else 'starting fresh'}",
+    def restart(self, step: int):
+        self.step, self.t = step, time.perf_counter()
+
+    def tokens_per_s(self, step: int) -> float:
+        """The rate since the last start; the clock restarts at `step`."""
+        now = time.perf_counter()
+        rate = (step - self.step) * self.tokens_per_step / max(now - self.t, 1e-9)
+        self.step, self.t = step, now
+        return rate
+
+    def mfu(self, tokens_per_s: float) -> float:
+        return flops.mfu(tokens_per_s, self.flops_per_token, jax.device_count(), self.peak)
+
+
+class _StepLog:
+    """The train step's metrics stay on the device until a log, evaluation, save or stop
+    needs them (fetching every step would make the host wait on each one); they are
+    checked finite when fetched, and the newest is logged when asked for."""
+
+    def __init__(self, sinks: metrics.Sinks, speed: _Speed, schedule, saver: _Saver):
+        self.sinks, self.speed, self.schedule, self.saver = sinks, speed, schedule, saver
+        self.pending: list[tuple[int, Any]] = []
+
+    def add(self, step: int, step_metrics) -> None:
+        self.pending.append((step, step_metrics))
+
+    def flush(self, *, log_now: bool) -> None:
+        """Fetches the pending metrics; raises TrainingError at the first non-finite one."""
+        if not self.pending:
+            return
+        steps = [s for s, _ in self.pending]
+        values = jax.device_get([m for _, m in self.pending])
+        self.pending.clear()
+        for step, m in zip(steps, values):
+            if not bool(m["finite"]):
+                raise self._non_finite(step, float(m["loss"]))
+        if log_now:
+            self.sinks.show(self._entry(steps[-1], values[-1]))
+
+    def _entry(self, step: int, m) -> dict:
+        tokens_per_s = self.speed.tokens_per_s(step)
+        return {"step": step, "loss": float(m["loss"]),
+                "lr": float(self.schedule(step - 1)), "tokens_per_s": tokens_per_s,
+                "grad_norm": float(m["grad_norm"]), "mfu": self.speed.mfu(tokens_per_s)}
+
+    def _non_finite(self, step: int, loss: float) -> TrainingError:
+        what = (f"loss is {loss}" if not math.isfinite(loss)
+                else f"gradients or parameters became non-finite (loss {loss})")
+        return TrainingError(
+            f"{what} at step {step}; stopping without saving ({self.saver.last_good()}). "
+            f"Try a lower train.lr, train.grad_clip=1.0 or train.precision=float32.")
+
+
+# -------------------------------------------------------------------------------- 6. saving
+class _Saver:
+    """Writes a checkpoint at most once per step, and names the newest for messages."""
+
+    def __init__(self, ckpt: checkpoint.Checkpointer, config, last_saved: int | None):
+        self.ckpt, self.config, self.last_saved = ckpt, config, last_saved
+
+    def save(self, state: _State) -> None:
+        if self.last_saved == state.step:
+            return
+        seed = int(self.config.train.seed)
+        meta = {"step": state.step, "data_position": state.step, "seed": seed,
+                "early_stop": state.early.saved(),
+                "rng": f"jax.random.fold_in(key({seed}), step)",
+                "config": config_tools.to_plain(self.config)}
+        self.ckpt.save(state.step, state.params, state.opt_state, meta, force=True)
+        self.last_saved = state.step
+
+    def wait(self) -> None:
+        """Until every save in flight is written."""
+        self.ckpt.wait()
+
+    def last_good(self) -> str:
+        if self.last_saved is None:
+            return "no checkpoint was written"
+        return (f"the last good checkpoint is step {self.last_saved} in "
+                f"{self.ckpt.directory}")
+
+
+# ------------------------------------------------------------------------------- 7. signals
+class _StopRequest:
+    """Set by SIGINT/SIGTERM; the loop saves at the next step boundary and exits. A second
+    signal gives up at once (KeyboardInterrupt), without saving."""
+
+    def __init__(self):
+        self.signum: int | None = None
+
+    def handle(self, signum, frame):
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+        print(f"\n{signal.Signals(signum).name} received: saving a checkpoint at the "
+              f"current step (press Ctrl-C again to abort without saving)",
               file=sys.stderr, flush=True)
 
-    def evaluate(step: int, record: bool = True) -> dict:
-        total = np.zeros(3)
-        for b in dataset.eval_batches(t_cfg.batch_size, t_cfg.eval_batches):
-            total += np.asarray(jax.device_get(eval_step(params, shd.global_batch(b, batch_sh))))
-        entry = {"step": step, "eval_loss": total[0] / max(total[1], 1.0),
-                 "eval_accuracy": total[2] / max(total[1], 1.0)}
-        if record:
-            log.write(entry)
-            wandb.log(entry)
-        return entry
 
-    last_saved = start if ckpt.latest_step() is not None else None
-
-    def save(step: int):
-        nonlocal last_saved
-        if last_saved == step:
-            return
-        meta = {"step": step, "data_position": step, "seed": int(t_cfg.seed),
-                "early_stop": {"best": None if math.isinf(patience.best) else patience.best,
-                               "since_best": patience.since_best,
-                               "stopped": step == end_step and step < t_cfg.steps},
-                "rng": f"jax.random.fold_in(key({int(t_cfg.seed)}), step)",
-                "config": config_tools.to_plain(config)}
-        ckpt.save(step, params, opt_state, meta, force=True)
-        last_saved = step
-
-    pending: list[tuple[int, Any]] = []
-    timer = {"t": time.perf_counter(), "step": start}
-
-    def flush(step: int, *, log_now: bool):
-        """Fetch pending step metrics; stop on the first non-finite loss."""
-        values = jax.device_get([m for _, m in pending])
-        steps = [s for s, _ in pending]
-        pending.clear()
-        for s, m in zip(steps, values):
-            if not bool(m["finite"]):
-                where = (f"the last good checkpoint is step {last_saved} in {ckpt.directory}"
-                         if last_saved is not None else "no checkpoint was written")
-                what = (f"loss is {float(m['loss'])}" if not math.isfinite(float(m["loss"]))
-                        else f"gradients or parameters became non-finite (loss {float(m['loss'])})")
-                raise TrainingError(
-                    f"{what} at step {s}; stopping without saving ({where}). "
-                    f"Try a lower train.lr, train.grad_clip=1.0 or train.precision=float32.")
-        if log_now and values:
-            now = time.perf_counter()
-            done = step - timer["step"]
-            tok_s = done * tokens_per_step / max(now - timer["t"], 1e-9)
-            timer.update(t=now, step=step)
-            entry = {"step": step, "loss": float(values[-1]["loss"]),
-                     "lr": float(schedule(step - 1)), "tokens_per_s": tok_s,
-                     "grad_norm": float(values[-1]["grad_norm"]),
-                     "mfu": flops.mfu(tok_s, flops_per_token, jax.device_count(), peak)}
-            log.write(entry)
-            wandb.log(entry)
-            progress.show(entry)
-
-    stop = _Stop()
-    previous = _install_signal_handlers(stop)
-    progress = _Progress(config.logging.progress and is_main, start, t_cfg.steps)
-    result: dict[str, Any] = {}
-    try:
-        for s in range(start, end_step):
-            batch = shd.global_batch(dataset.batch(s, t_cfg.batch_size), batch_sh)
-            params, opt_state, m = train_step(params, opt_state, batch,
-                                              jax.random.fold_in(base_key, s))
-            step = s + 1  # updates done
-            pending.append((step, m))
-            progress.update()
-            if s == start:  # the first step includes compilation: time from its end
-                flush(step, log_now=step % t_cfg.log_every == 0 or step == 1)
-                timer.update(t=time.perf_counter(), step=step)
-                log_now = False
-            else:
-                log_now = step % t_cfg.log_every == 0
-            eval_now = t_cfg.eval_every and step % t_cfg.eval_every == 0 and step < t_cfg.steps
-            ckpt_now = t_cfg.checkpoint_every and step % t_cfg.checkpoint_every == 0
-            if pending and (log_now or eval_now or ckpt_now or stop.signum is not None):
-                flush(step, log_now=log_now)
-            early_stop = False
-            if eval_now:
-                e = evaluate(step)
-                progress.write(f"step {step}: eval_loss {e['eval_loss']:.4f}, "
-                               f"eval_accuracy {e['eval_accuracy']:.4f}")
-                early_stop = patience.update(e["eval_loss"])
-                if early_stop:
-                    end_step = step
-                    progress.write(f"step {step}: no new best eval_loss in {patience.limit} evaluations "
-                                   f"(best {patience.best:.4f}); stopping early")
-            if ckpt_now or early_stop:
-                save(step)  # after end_step is set: the checkpoint records the stop
-            if stop.signum is not None:
-                save(step)
-                ckpt.wait()
-                raise Interrupted(stop.signum, step)
-            if early_stop:
-                break
-        final_step = max(start, end_step)
-        flush(final_step, log_now=bool(pending))
-        save(final_step)
-        # A finished run started again only re-reports: its final eval is already logged.
-        result = evaluate(final_step, record=not (restored and start >= end_step))
-        ckpt.wait()
-    finally:
-        progress.close()
-        _restore_signal_handlers(previous)
+@contextlib.contextmanager
+def _signals_caught() -> Iterator[_StopRequest]:
+    """SIGINT/SIGTERM set the yielded request while inside; the old handlers come back."""
+    request, previous = _StopRequest(), {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
         try:
-            ckpt.close()  # waits for an async save in flight
-        finally:
-            log.close()
-            wandb.close()
-    result["num_params"] = n_params
-    result["step"] = final_step
-    return result
+            previous[sig] = signal.signal(sig, request.handle)
+        except ValueError:  # not the main thread (e.g. inside some test runners)
+            pass
+    try:
+        yield request
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+# ------------------------------------------------------------------------------ 8. the loop
+def _run_steps(state: _State, end_step: int, t_cfg, steps: _Steps, feed: _Feed,
+               saver: _Saver, step_log: _StepLog, sinks: metrics.Sinks,
+               stop: _StopRequest) -> None:
+    """Updates `state` up to `end_step`, or to an early stop; raises Interrupted after
+    saving when a signal arrived."""
+    start = state.step
+    for s in range(start, end_step):
+        state.params, state.opt_state, step_metrics = steps.train(
+            state.params, state.opt_state, feed.train(s), steps.key(s))
+        state.step = step = s + 1  # updates done
+        step_log.add(step, step_metrics)
+        sinks.progress.update()
+        # The signal flag is read once a step: a step that saves for it has been checked
+        # finite first, like every step that saves.
+        signum = stop.signum
+        log_now = step % t_cfg.log_every == 0
+        eval_now = (bool(t_cfg.eval_every) and step % t_cfg.eval_every == 0
+                    and step < t_cfg.steps)
+        save_now = bool(t_cfg.checkpoint_every) and step % t_cfg.checkpoint_every == 0
+        if s == start:
+            # The first step includes compilation: a fresh run logs it, and the speed is
+            # timed from its end.
+            step_log.flush(log_now=log_now or step == 1)
+            step_log.speed.restart(step)
+        elif log_now or eval_now or save_now or signum is not None:
+            step_log.flush(log_now=log_now)
+        stopping_early = False
+        if eval_now:
+            stopping_early = _evaluate_for_early_stop(state, steps, feed, sinks)
+        if save_now or stopping_early:
+            saver.save(state)  # after the early stop is counted: the checkpoint records it
+        if signum is not None:
+            saver.save(state)
+            saver.wait()
+            raise Interrupted(signum, step)
+        if stopping_early:
+            return
+
+
+def _evaluate_for_early_stop(state: _State, steps: _Steps, feed: _Feed,
+                             sinks: metrics.Sinks) -> bool:
+    """Evaluates and records it; True when early stopping ends the run here."""
+    entry = _evaluate(steps.eval, state.params, feed, state.step)
+    sinks.record(entry)
+    sinks.progress.write(f"step {state.step}: eval_loss {entry['eval_loss']:.4f}, "
+                         f"eval_accuracy {entry['eval_accuracy']:.4f}")
+    if not state.early.update(entry["eval_loss"]):
+        return False
+    sinks.progress.write(f"step {state.step}: no new best eval_loss in {state.early.limit} "
+                         f"evaluations (best {state.early.best:.4f}); stopping early")
+    return True

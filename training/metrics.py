@@ -1,4 +1,5 @@
-"""Metric sinks: WORKDIR/metrics.jsonl (always) and Weights & Biases (offline by default).
+"""Metric sinks: WORKDIR/metrics.jsonl (always), Weights & Biases (offline by default) and
+the terminal (a tqdm bar, or a line per logged step); `Sinks` writes to all three.
 
 metrics.jsonl holds one JSON object per line: training entries
 {"step", "loss", "lr", "tokens_per_s", ...} and eval entries {"step", "eval_loss", ...}.
@@ -60,7 +61,8 @@ class MetricsFile:
         if resume_step is None:  # a fresh run: an old file would mix two runs
             keep = []
         else:
-            keep = [e for e in read_metrics(self.path.parent) if e.get("step", 0) <= resume_step]
+            keep = [e for e in read_metrics(self.path.parent)
+                    if e.get("step", 0) <= resume_step]
         tmp = self.path.with_suffix(".jsonl.tmp")
         tmp.write_text("".join(json.dumps(e) + "\n" for e in keep))
         os.replace(tmp, self.path)
@@ -106,19 +108,76 @@ class WandbLogger:
         try:
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
-                self.run = wandb.init(mode=mode, dir=str(workdir), project=project, name=name or None,
-                                      id=run_id, resume="allow", config=config,
-                                      settings=wandb.Settings(silent=True))
+                self.run = wandb.init(mode=mode, dir=str(workdir), project=project,
+                                      name=name or None, id=run_id, resume="allow",
+                                      config=config, settings=wandb.Settings(silent=True))
         except Exception as e:  # never lose a training run to a logging backend
-            print(f"wandb.init failed ({e}); logging to metrics.jsonl only", file=sys.stderr)
+            print(f"wandb.init failed ({e}); logging to metrics.jsonl only",
+                  file=sys.stderr)
             self.run = None
 
     def log(self, entry: Mapping[str, Any]) -> None:
         if self.run is not None:
             entry = {k: _clean(v) for k, v in entry.items()}
-            self.run.log({k: v for k, v in entry.items() if k != "step"}, step=int(entry["step"]))
+            self.run.log({k: v for k, v in entry.items() if k != "step"},
+                         step=int(entry["step"]))
 
     def close(self):
         if self.run is not None:
             self.run.finish()
             self.run = None
+
+
+class Progress:
+    """tqdm when asked for and available; otherwise a line per logged step."""
+
+    def __init__(self, enabled: bool, start: int, total: int):
+        self.bar = None
+        if enabled:
+            try:
+                from tqdm import tqdm
+                self.bar = tqdm(total=total, initial=start, dynamic_ncols=True, unit="step",
+                                file=sys.stderr, mininterval=0.5)
+            except ImportError:
+                pass
+
+    def update(self, n=1):
+        if self.bar is not None:
+            self.bar.update(n)
+
+    def show(self, entry: Mapping[str, Any]):
+        if self.bar is not None:
+            self.bar.set_postfix(loss=f"{entry['loss']:.4f}",
+                                 tok_s=f"{entry['tokens_per_s']:.0f}", refresh=False)
+        else:
+            print(f"step {entry['step']}: loss {entry['loss']:.4f}, lr {entry['lr']:.2e}, "
+                  f"{entry['tokens_per_s']:.0f} tok/s, mfu {100 * entry['mfu']:.2f}%",
+                  flush=True)
+
+    def write(self, text: str):
+        if self.bar is not None:
+            self.bar.write(text, file=sys.stderr)
+        else:
+            print(text, flush=True)
+
+    def close(self):
+        if self.bar is not None:
+            self.bar.close()
+
+
+class Sinks:
+    """metrics.jsonl, wandb and the terminal, written together; whoever opened them
+    closes them."""
+
+    def __init__(self, file: MetricsFile, wandb: WandbLogger, progress: Progress):
+        self.file, self.wandb, self.progress = file, wandb, progress
+
+    def record(self, entry: Mapping[str, Any]) -> None:
+        """An entry for metrics.jsonl and wandb (evaluations)."""
+        self.file.write(entry)
+        self.wandb.log(entry)
+
+    def show(self, entry: Mapping[str, Any]) -> None:
+        """A training entry: recorded, and shown on the terminal."""
+        self.record(entry)
+        self.progress.show(entry)
