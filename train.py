@@ -1,4 +1,6 @@
-"""Train a language model: python train.py --config=configs/NAME.py --workdir=DIR [--config.KEY=VALUE ...]
+"""Train a language model:
+
+    python train.py --config=configs/NAME.py --workdir=DIR [--config.KEY=VALUE ...]
 
 Running the same command again with the same --workdir resumes from the newest complete
 checkpoint. The workdir holds config.json, metrics.jsonl and checkpoints/.

@@ -10,7 +10,8 @@ from training import config_tools
 
 def build_dataset(config):
     import data
-    cfg_data = config.data.to_dict() if hasattr(config.data, "to_dict") else dict(config.data)
+    cfg_data = (config.data.to_dict() if hasattr(config.data, "to_dict")
+                else dict(config.data))
     return data.build(cfg_data, seed=int(config.train.seed))
 
 

@@ -29,7 +29,8 @@ def load_config_file(spec: str):
     path, _, arg = spec.partition(":")
     file = pathlib.Path(path)
     if not file.is_file():
-        raise ConfigError(f"config file {path!r} not found; pass e.g. --config=configs/mqar.py")
+        raise ConfigError(f"config file {path!r} not found; pass e.g. "
+                          f"--config=configs/mqar.py")
     module_spec = importlib.util.spec_from_file_location(f"_config_{file.stem}", file)
     module = importlib.util.module_from_spec(module_spec)
     module_spec.loader.exec_module(module)
@@ -69,12 +70,24 @@ def unknown_key_message(name: str, candidates: Iterable[str]) -> str:
 
 
 # ----------------------------------------------------------------------------- overrides
-def _field_type(config, dotted: str):
-    """The declared type of a leaf: placeholders carry it in their FieldReference."""
-    parent = config
+def _parent(config, dotted: str):
+    """(the section holding a dotted key, the key's last component)."""
     *sections, leaf = dotted.split(".")
     for s in sections:
-        parent = parent[s]
+        config = config[s]
+    return config, leaf
+
+
+def set_values(config, values: Mapping[str, Any]) -> None:
+    """Sets each dotted key of `values` ({"train.lr": 1e-3}) in place, values as given."""
+    for dotted, value in values.items():
+        parent, leaf = _parent(config, dotted)
+        parent[leaf] = value
+
+
+def _field_type(config, dotted: str):
+    """The declared type of a leaf: placeholders carry it in their FieldReference."""
+    parent, leaf = _parent(config, dotted)
     ref = parent.get_ref(leaf) if hasattr(parent, "get_ref") else None
     if ref is not None:
         return ref.get_type(), ref.get()
@@ -110,20 +123,23 @@ def _check_value(dotted: str, text: str, field_type, default) -> None:
 
 
 def check_overrides(config, overrides: Mapping[str, str]) -> None:
-    """Raises ConfigError for an override naming no key, or with a value of the wrong type."""
+    """Raises ConfigError for an override naming no key, or with a value of the wrong
+    type."""
     keys = flat_keys(config)
     sections = {k.rsplit(".", 1)[0] for k in keys if "." in k}
     for dotted, text in overrides.items():
         if dotted in sections:
-            raise ConfigError(f"--config.{dotted} is a section, not a value; set one of its keys, "
-                              f"e.g. {', '.join(k for k in keys if k.startswith(dotted + '.'))[:200]}")
+            raise ConfigError(
+                f"--config.{dotted} is a section, not a value; set one of its keys, "
+                f"e.g. {', '.join(k for k in keys if k.startswith(dotted + '.'))[:200]}")
         if dotted not in keys:
             raise ConfigError(unknown_key_message(dotted, keys))
         field_type, default = _field_type(config, dotted)
         _check_value(dotted, text, field_type, default)
 
 
-def overrides_from_argv(argv: Iterable[str], flag: str = "config") -> tuple[str | None, dict]:
+def overrides_from_argv(argv: Iterable[str],
+                        flag: str = "config") -> tuple[str | None, dict]:
     """Finds --config=FILE and --config.KEY=VALUE (or '--config.KEY VALUE') in argv."""
     path, overrides = None, {}
     argv = list(argv)
@@ -170,14 +186,17 @@ def check_config(config) -> None:
     if t.get("precision") not in (None, "float32", "bfloat16"):
         raise ConfigError(f"train.precision={t.precision!r}: use 'float32' or 'bfloat16'")
     if t.get("prng_impl", "threefry2x32") not in PRNG_IMPLS:
-        raise ConfigError(f"train.prng_impl={t.prng_impl!r}: use one of {', '.join(PRNG_IMPLS)}")
+        raise ConfigError(f"train.prng_impl={t.prng_impl!r}: use one of "
+                          f"{', '.join(PRNG_IMPLS)}")
     if config.logging.wandb not in ("offline", "online", "disabled"):
-        raise ConfigError(f"logging.wandb={config.logging.wandb!r}: use offline, online or disabled")
+        raise ConfigError(f"logging.wandb={config.logging.wandb!r}: use offline, online or "
+                          f"disabled")
 
 
 # ----------------------------------------------------------------------------- workdir
 def save_config(config, workdir: str | os.PathLike) -> None:
-    """Writes the resolved config as config.json (what load_config reads) and config.yaml."""
+    """Writes the resolved config as config.json (what load_config reads) and
+    config.yaml."""
     workdir = pathlib.Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     tmp = workdir / (CONFIG_JSON + ".tmp")
@@ -191,8 +210,9 @@ def save_config(config, workdir: str | os.PathLike) -> None:
 
 
 def to_plain(config) -> dict:
-    return json.loads(config.to_json_best_effort()) if hasattr(config, "to_json_best_effort") \
-        else json.loads(json.dumps(dict(config)))
+    return (json.loads(config.to_json_best_effort())
+            if hasattr(config, "to_json_best_effort")
+            else json.loads(json.dumps(dict(config))))
 
 
 def load_config(workdir: str | os.PathLike):
@@ -201,7 +221,8 @@ def load_config(workdir: str | os.PathLike):
 
     path = pathlib.Path(workdir) / CONFIG_JSON
     if not path.is_file():
-        raise ConfigError(f"{path} not found: is {workdir!r} the --workdir of a training run?")
+        raise ConfigError(f"{path} not found: is {workdir!r} the --workdir of a training "
+                          f"run?")
     config = ml_collections.ConfigDict(json.loads(path.read_text()))
     config.lock()
     return config
@@ -212,13 +233,15 @@ def model_config_dict(config, vocab_size: int) -> dict:
     train.precision / train.remat applied where the model has those fields."""
     d = dict(config.model.to_dict() if hasattr(config.model, "to_dict") else config.model)
     train = config.train
-    if train.get("precision"):  # bfloat16 compute; parameters keep model.param_dtype (float32)
+    # bfloat16 compute; parameters keep model.param_dtype (float32).
+    if train.get("precision"):
         d["dtype"] = train.precision
     if train.get("remat") is not None:
         d["remat"] = bool(train.remat)
     if not d.get("vocab_size"):
         d["vocab_size"] = int(vocab_size)
     elif d["vocab_size"] < vocab_size:
-        raise ConfigError(f"model.vocab_size={d['vocab_size']} is smaller than the dataset's "
-                          f"vocabulary ({vocab_size}); set it to 0 to take the dataset's")
+        raise ConfigError(f"model.vocab_size={d['vocab_size']} is smaller than the "
+                          f"dataset's vocabulary ({vocab_size}); set it to 0 to take the "
+                          f"dataset's")
     return d

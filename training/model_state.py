@@ -51,8 +51,8 @@ class ModelParts:
             [(path, self.param_template_flat[name].replace(params[name]))
              for name, path in self.names.items()])
         rest = self.rest if rest is None else rest
-        # Re-create every Variable in the current trace (a pytree round trip): NNX refuses to
-        # mutate (RNG counters, remat write-back) Variables made at another trace level.
+        # Re-create every Variable in the current trace (a pytree round trip): NNX refuses
+        # to mutate (RNG counters, remat write-back) Variables made at another trace level.
         state, rest = jax.tree.map(lambda x: x, (state, rest))
         return nnx.merge(self.graphdef, state, rest)
 
@@ -80,7 +80,8 @@ def describe(make_model: Callable[[], nnx.Module]):
     return graphdef, params, rest, names, logical, shapes
 
 
-def init_sharded(make_model: Callable[[], nnx.Module], param_shardings: dict, rest_sharding):
+def init_sharded(make_model: Callable[[], nnx.Module], param_shardings: dict,
+                 rest_sharding):
     """Builds the model inside one jit so each device creates only its own shards."""
     def init():
         with nnx.use_eager_sharding(False):

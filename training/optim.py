@@ -16,7 +16,8 @@ NO_DECAY_NAMES = frozenset({"scale", "bias", "A_log", "dt_bias"})
 
 
 def lr_schedule(lr: float, steps: int, warmup_steps: int = 0, min_lr_ratio: float = 0.1):
-    """0 -> lr linearly over warmup_steps, then cosine down to lr * min_lr_ratio at `steps`."""
+    """0 -> lr linearly over warmup_steps, then cosine down to lr * min_lr_ratio at
+    `steps`."""
     warmup_steps = max(0, min(int(warmup_steps), int(steps) - 1))
     return optax.warmup_cosine_decay_schedule(
         init_value=0.0 if warmup_steps else lr, peak_value=lr, warmup_steps=warmup_steps,
@@ -48,7 +49,8 @@ def make_optimizer(train_cfg, params: Mapping[str, object],
     parts = []
     if train_cfg.grad_clip and train_cfg.grad_clip > 0:
         parts.append(optax.clip_by_global_norm(train_cfg.grad_clip))
-    parts.append(optax.adamw(schedule, b1=train_cfg.b1, b2=train_cfg.b2, eps=train_cfg.eps,
-                             weight_decay=train_cfg.weight_decay,
-                             mask=decay_mask(params, logical_axes, train_cfg.decay_embeddings)))
+    parts.append(optax.adamw(
+        schedule, b1=train_cfg.b1, b2=train_cfg.b2, eps=train_cfg.eps,
+        weight_decay=train_cfg.weight_decay,
+        mask=decay_mask(params, logical_axes, train_cfg.decay_embeddings)))
     return optax.chain(*parts), schedule

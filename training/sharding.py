@@ -44,12 +44,13 @@ def mesh_shape(data: int, fsdp: int, tensor: int, num_devices: int) -> tuple[int
     known = math.prod(s for s in sizes if s != -1)
     if -1 in sizes:
         if num_devices % known:
-            raise MeshError(f"mesh {dict(zip(MESH_AXES, sizes))}: {num_devices} devices do not "
-                            f"divide by {known}")
+            raise MeshError(f"mesh {dict(zip(MESH_AXES, sizes))}: {num_devices} devices "
+                            f"do not divide by {known}")
         sizes[sizes.index(-1)] = num_devices // known
     if math.prod(sizes) != num_devices:
-        raise MeshError(f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} devices but "
-                        f"{num_devices} are available; set mesh.data=-1 to use the rest")
+        raise MeshError(f"mesh {dict(zip(MESH_AXES, sizes))} needs {math.prod(sizes)} "
+                        f"devices but {num_devices} are available; set mesh.data=-1 to use "
+                        f"the rest")
     return tuple(sizes)
 
 
@@ -84,7 +85,8 @@ def logical_to_spec(logical: Sequence[str | None] | None, shape: Sequence[int], 
 
 
 def param_shardings(logical_specs: Mapping[str, Sequence[str | None] | None],
-                    shapes: Mapping[str, Sequence[int]], mesh: Mesh) -> dict[str, NamedSharding]:
+                    shapes: Mapping[str, Sequence[int]],
+                    mesh: Mesh) -> dict[str, NamedSharding]:
     """{name: NamedSharding} for a flat dict of parameters."""
     return {k: NamedSharding(mesh, logical_to_spec(logical_specs.get(k), shapes[k], mesh))
             for k in shapes}
@@ -98,7 +100,8 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P(BATCH_AXES))
 
 
-def check_batch_divides(batch_size: int, mesh: Mesh, what: str = "train.batch_size") -> None:
+def check_batch_divides(batch_size: int, mesh: Mesh,
+                        what: str = "train.batch_size") -> None:
     n = mesh.shape["data"] * mesh.shape["fsdp"]
     if batch_size % n:
         raise MeshError(f"{what}={batch_size} must be a multiple of mesh data x fsdp = {n} "
@@ -112,5 +115,6 @@ def global_batch(batch: Mapping[str, np.ndarray], sharding: NamedSharding) -> di
     out = {}
     for name, value in batch.items():
         value = np.asarray(value)
-        out[name] = jax.make_array_from_callback(value.shape, sharding, lambda idx, v=value: v[idx])
+        out[name] = jax.make_array_from_callback(value.shape, sharding,
+                                                 lambda idx, v=value: v[idx])
     return out

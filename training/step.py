@@ -80,7 +80,7 @@ def make_train_step(parts: model_state.ModelParts, tx, grad_accum: int, mesh):
             (loss_sum, count, grads), _ = jax.lax.scan(
                 body, (jnp.zeros(()), jnp.zeros(()), zeros),
                 (micro, jnp.arange(grad_accum)))
-        # Sums over all masked tokens, then one division: the same gradient as one big batch.
+        # Sums over all masked tokens, then one division: the gradient of one big batch.
         count = jnp.maximum(count, 1.0)
         grads = jax.tree.map(lambda g: g / count, grads)
         updates, opt_state = tx.update(grads, opt_state, params)

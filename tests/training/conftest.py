@@ -9,7 +9,8 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
-# A model and task small enough to compile and train in seconds on 2 CPU cores.
+# The smallest model and task that still exercise every piece (two layers, multi-head,
+# packed MQAR sequences): the tests train it many times, on CPU.
 TINY = {
     "model.d_model": 32, "model.num_layers": 2, "model.num_heads": 2,
     "data.seq_len": 16, "data.num_kv_pairs": 2, "data.vocab_size": 64,
@@ -20,17 +21,12 @@ TINY = {
 
 
 def tiny_config(**overrides):
-    """A model and task small enough to compile and train in seconds on 2 CPU cores."""
+    """The mqar config shrunk to TINY, then `overrides` (dotted keys) applied."""
     from training import config_tools
     c = config_tools.load_config_file(str(ROOT / "configs" / "mqar.py"))
     base = dict(TINY)
     base.update(overrides)
-    for dotted, value in base.items():
-        *sections, leaf = dotted.split(".")
-        node = c
-        for s in sections:
-            node = node[s]
-        node[leaf] = value
+    config_tools.set_values(c, base)
     return c
 
 
@@ -38,8 +34,9 @@ def cli_args(config_overrides: dict, workdir) -> list[str]:
     """train.py arguments for the tiny config."""
     base = dict(TINY)
     base.update(config_overrides)
-    return ([sys.executable, str(ROOT / "train.py"), "--config=" + str(ROOT / "configs/mqar.py"),
-             f"--workdir={workdir}"] + [f"--config.{k}={v}" for k, v in base.items()])
+    return ([sys.executable, str(ROOT / "train.py"),
+             "--config=" + str(ROOT / "configs/mqar.py"), f"--workdir={workdir}"]
+            + [f"--config.{k}={v}" for k, v in base.items()])
 
 
 def env(**extra):
@@ -52,8 +49,8 @@ def env(**extra):
 
 
 def run_cli(args, timeout=300, **extra_env):
-    return subprocess.run(args, cwd=ROOT, env=env(**extra_env), capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(args, cwd=ROOT, env=env(**extra_env), capture_output=True,
+                          text=True, timeout=timeout)
 
 
 @pytest.fixture

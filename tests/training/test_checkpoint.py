@@ -28,7 +28,8 @@ def test_roundtrip_and_keep_last_k(tmp_path):
     ck = checkpoint.Checkpointer(tmp_path, keep=2)
     for step in (2, 4, 6):
         ck.save(step, jax.tree.map(lambda x: x * step, params), opt,
-                {"step": step, "data_position": step, "config": {"model": {"mixer": "softmax"}}},
+                {"step": step, "data_position": step,
+                 "config": {"model": {"mixer": "softmax"}}},
                 force=True)
     ck.wait()
     assert ck.all_steps() == [4, 6] and ck.latest_step() == 6
@@ -70,7 +71,9 @@ def test_mismatch_names_the_parameter(tmp_path):
     assert "'layers/0/kernel' has shape (4, 4) in the checkpoint but (4, 8)" in msg
     assert "model.d_model=4 there, 8 here" in msg
     other = {"layers/0/mixer/A_log": (2,), "norm/scale": (4,)}
-    with pytest.raises(checkpoint.CheckpointMismatch, match="'layers/0/mixer/A_log'.*not in the"):
+    with pytest.raises(checkpoint.CheckpointMismatch,
+                       match="'layers/0/mixer/A_log'.*not in the"):
         ck.check_compatible(1, other)
-    ck.check_compatible(1, {k: v.shape for k, v in params.items()})  # the right model passes
+    # The right model passes.
+    ck.check_compatible(1, {k: v.shape for k, v in params.items()})
     ck.close()

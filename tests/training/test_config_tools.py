@@ -77,3 +77,9 @@ def test_cli_rejects_bad_override_before_building(tmp_path, arg, expect):
     assert r.returncode != 0
     assert expect in r.stderr and "Traceback" not in r.stderr
     assert not (tmp_path / "w").exists()  # nothing was built or written
+
+
+def test_set_values_sets_dotted_keys_in_place():
+    config = config_tools.load_config_file(str(ROOT / "configs" / "mqar.py"))
+    config_tools.set_values(config, {"train.lr": 0.5, "model.mixer": "linear"})
+    assert config.train.lr == 0.5 and config.model.mixer == "linear"

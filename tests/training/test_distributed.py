@@ -11,8 +11,8 @@ from tests.training.conftest import ROOT, cli_args, env, tiny_config
 from training import loop, metrics
 
 # An MLP and sizes that divide by every mesh axis below. The default run uses softmax
-# layers (quick to compile); the slow variant adds a gated DeltaNet layer (A_log, dt_bias,
-# short convolutions sharded too).
+# layers only; the slow variant adds a gated DeltaNet layer, so its A_log, dt_bias and
+# short convolutions are sharded too.
 FAST = {"model.mlp": True, "train.steps": 20, "train.checkpoint_every": 0,
         "train.eval_batches": 1}
 HYBRID = dict(FAST, **{"model.mixer": "gated_deltanet", "model.layer_pattern": "LS"})
@@ -26,11 +26,12 @@ from training import loop, metrics
 model = json.loads(sys.argv[1])
 out = {}
 for data, fsdp, tensor in [(8, 1, 1), (4, 2, 1), (2, 2, 2)]:
-  workdir = f"{sys.argv[2]}/{data}x{fsdp}x{tensor}"
-  loop.train(tiny_config(**model, **{"mesh.data": data, "mesh.fsdp": fsdp,
-                                      "mesh.tensor": tensor}), workdir)
-  out[f"{data}x{fsdp}x{tensor}"] = {e["step"]: e["loss"] for e in metrics.read_metrics(workdir)
-                                     if "loss" in e}
+    workdir = f"{sys.argv[2]}/{data}x{fsdp}x{tensor}"
+    loop.train(tiny_config(**model, **{"mesh.data": data, "mesh.fsdp": fsdp,
+                                        "mesh.tensor": tensor}), workdir)
+    out[f"{data}x{fsdp}x{tensor}"] = {e["step"]: e["loss"]
+                                       for e in metrics.read_metrics(workdir)
+                                       if "loss" in e}
 print("LOSSES" + json.dumps(out))
 """
 
@@ -43,13 +44,15 @@ def one_device_losses(workdir, model):
 def assert_close(got, want, rel=1e-5):
     assert sorted(got) == sorted(want)
     for step in want:
-        assert abs(got[step] - want[step]) <= rel * abs(want[step]), (step, got[step], want[step])
+        assert abs(got[step] - want[step]) <= rel * abs(want[step]), \
+            (step, got[step], want[step])
 
 
 @pytest.mark.parametrize("model", MODELS)
 def test_meshes_over_8_devices_match_one_device(tmp_path, model):
     want = one_device_losses(tmp_path / "one", model)
-    r = subprocess.run([sys.executable, "-c", MESH_SCRIPT, json.dumps(model), str(tmp_path)],
+    r = subprocess.run([sys.executable, "-c", MESH_SCRIPT, json.dumps(model),
+                        str(tmp_path)],
                        cwd=ROOT, capture_output=True, text=True, timeout=600,
                        env=env(XLA_FLAGS="--xla_force_host_platform_device_count=8"))
     assert r.returncode == 0, r.stderr[-3000:]
@@ -78,5 +81,6 @@ def test_two_processes_match_one_process(tmp_path, model):
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
     assert "over 2 cpu device(s)" in outs[0][1]  # one device per process, one global mesh
-    got = {e["step"]: e["loss"] for e in metrics.read_metrics(tmp_path / "two") if "loss" in e}
+    got = {e["step"]: e["loss"] for e in metrics.read_metrics(tmp_path / "two")
+           if "loss" in e}
     assert_close(got, want)

@@ -51,8 +51,8 @@ def test_load_for_eval_reproduces_final_eval(trained):
     assert step == 12 and config.model.d_model == 32
     total = np.zeros(3)
     for b in dataset.eval_batches(config.train.batch_size, config.train.eval_batches):
-        total += np_masked_xent(model(b["inputs"], segment_ids=b["segment_ids"]), b["targets"],
-                                b["mask"])
+        total += np_masked_xent(model(b["inputs"], segment_ids=b["segment_ids"]),
+                                b["targets"], b["mask"])
     assert result["eval_loss"] == pytest.approx(total[0] / total[1], rel=1e-5)
     assert result["eval_accuracy"] == pytest.approx(total[2] / total[1], abs=1e-9)
     # The log has every step once, then the final eval; config.json is the run's config.
@@ -65,7 +65,8 @@ def test_load_for_eval_reproduces_final_eval(trained):
 
 def test_gradient_accumulation_matches_one_big_batch(tmp_path):
     one = loop.train(tiny_config(**{"train.steps": 4}), str(tmp_path / "a"))
-    two = loop.train(tiny_config(**{"train.steps": 4, "train.grad_accum": 2}), str(tmp_path / "b"))
+    two = loop.train(tiny_config(**{"train.steps": 4, "train.grad_accum": 2}),
+                     str(tmp_path / "b"))
     la, lb = train_losses(tmp_path / "a"), train_losses(tmp_path / "b")
     for s in la:
         assert lb[s] == pytest.approx(la[s], rel=1e-5)
@@ -95,8 +96,9 @@ def test_nan_stops_with_step_and_keeps_last_good_checkpoint(tmp_path, monkeypatc
     config = tiny_config(**{"train.checkpoint_every": 1, "train.log_every": 4})
     # The batch of index 2 is update 3: its loss and gradients are NaN; step 3 is a
     # checkpoint step, and must not be saved.
-    with pytest.raises(loop.TrainingError, match=r"loss is nan at step 3; stopping without "
-                                                 r"saving \(the last good checkpoint is step 2"):
+    with pytest.raises(loop.TrainingError,
+                       match=r"loss is nan at step 3; stopping without "
+                             r"saving \(the last good checkpoint is step 2"):
         loop.train(config, str(tmp_path))
     ck = checkpoint.Checkpointer(tmp_path)
     assert ck.all_steps() == [1, 2]
@@ -111,8 +113,8 @@ def test_nan_stops_with_step_and_keeps_last_good_checkpoint(tmp_path, monkeypatc
 def test_diverging_parameters_are_not_saved(tmp_path):
     # lr 1e30, no clipping or warmup: the weights blow up within a few steps; whatever step
     # it is caught at, no checkpoint at or after it exists.
-    config = tiny_config(**{"train.lr": 1e30, "train.warmup_steps": 0, "train.grad_clip": 0.0,
-                            "train.checkpoint_every": 1})
+    config = tiny_config(**{"train.lr": 1e30, "train.warmup_steps": 0,
+                            "train.grad_clip": 0.0, "train.checkpoint_every": 1})
     with pytest.raises(loop.TrainingError) as e:
         loop.train(config, str(tmp_path))
     m = re.search(r"at step (\d+); stopping without saving", str(e.value))
@@ -156,15 +158,18 @@ def test_remat_is_exact_and_bfloat16_is_close_with_float32_params(tmp_path):
     steps = {"train.steps": 3, "train.checkpoint_every": 0}
     loop.train(tiny_config(**steps), str(tmp_path / "f32"))
     loop.train(tiny_config(**steps, **{"train.remat": True}), str(tmp_path / "remat"))
-    loop.train(tiny_config(**steps, **{"train.precision": "bfloat16"}), str(tmp_path / "bf16"))
+    loop.train(tiny_config(**steps, **{"train.precision": "bfloat16"}),
+               str(tmp_path / "bf16"))
     f32, remat, bf16 = (train_losses(tmp_path / n) for n in ("f32", "remat", "bf16"))
     for s in f32:
-        assert remat[s] == pytest.approx(f32[s], rel=1e-6)   # recomputation changes no value
-        assert bf16[s] == pytest.approx(f32[s], rel=3e-2)    # bf16 matmuls: ~3 digits
+        # Recomputation changes no value; bf16 matmuls keep about 3 digits.
+        assert remat[s] == pytest.approx(f32[s], rel=1e-6)
+        assert bf16[s] == pytest.approx(f32[s], rel=3e-2)
     assert bf16 != f32  # bfloat16 compute really happened
     model, config, _, _ = checkpoint.load_for_eval(tmp_path / "bf16")
     assert config.train.precision == "bfloat16"
-    assert {str(p.dtype) for p in jax.tree.leaves(nnx.state(model, nnx.Param))} == {"float32"}
+    param_dtypes = {str(p.dtype) for p in jax.tree.leaves(nnx.state(model, nnx.Param))}
+    assert param_dtypes == {"float32"}
 
 
 def test_prng_impl_is_used_for_the_run_and_scoped_to_it(tmp_path):
@@ -172,7 +177,8 @@ def test_prng_impl_is_used_for_the_run_and_scoped_to_it(tmp_path):
     process default is back afterwards."""
     kw = {"train.steps": 3, "train.checkpoint_every": 0, "model.dropout": 0.3}
     runs = {}
-    for name, impl in (("fry", "threefry2x32"), ("rbg_a", "unsafe_rbg"), ("rbg_b", "unsafe_rbg")):
+    for name, impl in (("fry", "threefry2x32"), ("rbg_a", "unsafe_rbg"),
+                       ("rbg_b", "unsafe_rbg")):
         loop.train(tiny_config(**kw, **{"train.prng_impl": impl}), str(tmp_path / name))
         runs[name] = train_losses(tmp_path / name)
     assert runs["rbg_a"] == runs["rbg_b"]

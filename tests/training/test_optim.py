@@ -28,11 +28,13 @@ def test_schedule_warmup_then_cosine():
     s = optim.lr_schedule(1e-2, 10, 3, 0.1)
     for t in range(12):
         assert abs(float(s(t)) - ref_lr(t)) < 1e-8, t
-    assert abs(float(optim.lr_schedule(1e-3, 5, 0)(0)) - 1e-3) < 1e-9  # no warmup: starts at lr
+    # No warmup: starts at lr.
+    assert abs(float(optim.lr_schedule(1e-3, 5, 0)(0)) - 1e-3) < 1e-9
 
 
 def test_decay_mask_excludes_norms_biases_gates_and_optionally_embeddings():
-    params = {"embed/embedding": np.zeros((10, 4)), "layers/0/mixer/q/kernel": np.zeros((4, 4)),
+    params = {"embed/embedding": np.zeros((10, 4)),
+              "layers/0/mixer/q/kernel": np.zeros((4, 4)),
               "layers/0/norm/scale": np.zeros(4), "layers/0/mixer/q/bias": np.zeros(4),
               "layers/0/mixer/A_log": np.zeros(2), "layers/0/mixer/dt_bias": np.zeros(2)}
     logical = {"embed/embedding": ("vocab", "embed")}
@@ -56,7 +58,8 @@ def test_adamw_matches_numpy_reference():
     mu = {k: np.zeros_like(v) for k, v in params.items()}
     nu = {k: np.zeros_like(v) for k, v in params.items()}
     for t, g in enumerate(grads):
-        upd, state = tx.update({k: jnp.asarray(v, jnp.float32) for k, v in g.items()}, state, p)
+        upd, state = tx.update({k: jnp.asarray(v, jnp.float32) for k, v in g.items()},
+                               state, p)
         p = optax.apply_updates(p, upd)
         norm = math.sqrt(sum(float((v ** 2).sum()) for v in g.values()))
         scale = min(1.0, cfg.grad_clip / norm)

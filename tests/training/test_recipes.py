@@ -1,4 +1,4 @@
-"""The published recipes reach their numbers (slow: minutes each on 2 CPU cores).
+"""The published recipes reach their numbers (marked slow: each trains a whole recipe).
 
     python -m pytest -q -m slow tests/training/test_recipes.py
 """
@@ -25,8 +25,9 @@ def final_line(args, timeout):
 @pytest.mark.parametrize("mixer", ["softmax", "gated_deltanet"])
 def test_mqar_main_job_reaches_95_percent(tmp_path, mixer):
     step, _, accuracy = final_line(
-        [sys.executable, str(ROOT / "train.py"), "--config=configs/mqar.py", f"--workdir={tmp_path}",
-         f"--config.model.mixer={mixer}", "--config.logging.wandb=disabled"], timeout=3600)
+        [sys.executable, str(ROOT / "train.py"), "--config=configs/mqar.py",
+         f"--workdir={tmp_path}", f"--config.model.mixer={mixer}",
+         "--config.logging.wandb=disabled"], timeout=3600)
     assert accuracy >= 0.95, (mixer, step, accuracy)
 
 

@@ -30,7 +30,9 @@ def wait_for(predicate, proc, timeout=240):
 
 def complete_steps(workdir):
     d = workdir / checkpoint.CHECKPOINT_DIR
-    return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit()) if d.exists() else []
+    if not d.exists():
+        return []
+    return sorted(int(p.name) for p in d.iterdir() if p.name.isdigit())
 
 
 def test_sigkill_then_rerun_gives_bitwise_same_losses(tmp_path):
@@ -41,8 +43,8 @@ def test_sigkill_then_rerun_gives_bitwise_same_losses(tmp_path):
     assert sorted(expected) == list(range(1, 201))
 
     work = tmp_path / "killed"
-    proc = subprocess.Popen(cli_args(over, work), cwd=ROOT, env=env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cli_args(over, work), cwd=ROOT, env=env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for(lambda: any(s >= 20 for s in complete_steps(work)), proc)
     proc.send_signal(signal.SIGKILL)
     proc.wait()
@@ -60,7 +62,8 @@ def test_sigkill_then_rerun_gives_bitwise_same_losses(tmp_path):
     got = losses(work)
     assert sorted(got) == list(range(1, 201))  # every step once, none duplicated
     assert got == expected  # bitwise: the same float for every step
-    assert [e["step"] for e in metrics.read_metrics(work)].count(200) == 2  # loss + final eval
+    # Step 200 twice: its loss and the final eval.
+    assert [e["step"] for e in metrics.read_metrics(work)].count(200) == 2
 
 
 def test_sigterm_saves_current_step_then_exits(tmp_path):

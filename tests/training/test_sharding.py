@@ -39,7 +39,8 @@ def test_logical_rules_and_fallbacks():
     assert shd.logical_to_spec(("norm",), (64,), mesh) == P(None)
     assert shd.logical_to_spec(None, (3, 3), mesh) == P()
     # An axis of size 1 shards nothing.
-    assert shd.logical_to_spec(("embed", "mlp"), (64, 128), FakeMesh(8, 1, 1)) == P(None, None)
+    assert shd.logical_to_spec(("embed", "mlp"), (64, 128),
+                               FakeMesh(8, 1, 1)) == P(None, None)
 
 
 def test_global_batch_matches_host_batch_and_checks_divisibility():
