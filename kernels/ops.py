@@ -67,6 +67,12 @@ def _call_pallas(name, fallback, *args, **kwargs):
         return fallback()
 
 
+def _tuning_kwargs(pallas_tuning):
+    """The Pallas entry points' tuning argument, passed only when one is chosen (so that
+    ops works where kernels.pallas does not import)."""
+    return {} if pallas_tuning is None else {"tuning": pallas_tuning}
+
+
 # Head dims the Pallas kernels tile (powers of two, 16 to 256). Other dims are zero-padded
 # up to the next one for the kernel call and the outputs and state cut back: exact for
 # both ops (a zero key / query feature adds nothing to any dot product, and the padded
@@ -151,7 +157,8 @@ def _check_state(op, name, x, shape):
 # ----------------------------------------------------------------------------- linear attention
 
 def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None, segment_ids=None,
-                     initial_state=None, return_state=False, impl="auto", chunk_size=64):
+                     initial_state=None, return_state=False, impl="auto", chunk_size=64,
+                     pallas_tuning=None):
     """Causal (decayed) linear attention; q and k are already feature-mapped.
 
     S_t = exp(g_t) S_{t-1} + k_t v_t^T,  z_t = exp(g_t) z_{t-1} + k_t,
@@ -159,6 +166,7 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None, segme
     q, k: (B,T,H,F); v: (B,T,H,Dv); log_decay g: None, (H,) or (B,T,H), values <= 0.
     State: S (B,H,F,Dv) float32, or (S, z) with z (B,H,F) when normalize=True.
     Returns o (B,T,H,Dv) in the input dtype, or (o, state) with return_state=True.
+    pallas_tuning: a kernels.pallas.Tuning for the Pallas kernels (None: their default).
     """
     op = "linear_attention"
     _check_linear_inputs(op, q, k, v)
@@ -196,7 +204,7 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None, segme
         res = _call_pallas_padded("linear_attention", fallback, q, k, v, normalize=normalize,
                                   eps=eps, log_decay=decay_as_given,
                                   initial_state=initial_state, return_state=True,
-                                  chunk_size=chunk_size)
+                                  chunk_size=chunk_size, **_tuning_kwargs(pallas_tuning))
     else:
         res = pure_jax(resolved)
     return res if return_state else res[0]
@@ -253,13 +261,14 @@ def _linear_attention_jax(q, k, v, normalize, eps, log_decay, segment_ids, initi
 # ----------------------------------------------------------------------------- gated delta rule
 
 def gated_delta_rule(q, k, v, log_alpha, beta, *, segment_ids=None, initial_state=None,
-                     return_state=False, impl="auto", chunk_size=64):
+                     return_state=False, impl="auto", chunk_size=64, pallas_tuning=None):
     """Gated delta rule: S_t = alpha_t (I - beta_t k_t k_t^T) S_{t-1} + beta_t k_t v_t^T,
     o_t = S_t^T q_t, alpha_t = exp(log_alpha_t).
 
     q, k: (B,T,H,K); v: (B,T,H,V); log_alpha, beta: (B,T,H); state S (B,H,K,V) float32.
     No normaliser and no scaling inside (the caller scales q and normalises k).
     log_alpha = 0 gives the plain delta rule.
+    pallas_tuning: a kernels.pallas.Tuning for the Pallas kernels (None: their default).
     """
     op = "gated_delta_rule"
     _check_linear_inputs(op, q, k, v)
@@ -282,7 +291,7 @@ def gated_delta_rule(q, k, v, log_alpha, beta, *, segment_ids=None, initial_stat
         fallback = (lambda: pure_jax("chunk")) if resolved == "pallas?" else None
         res = _call_pallas_padded("gated_delta_rule", fallback, q, k, v, log_alpha, beta,
                                   initial_state=initial_state, return_state=True,
-                                  chunk_size=chunk_size)
+                                  chunk_size=chunk_size, **_tuning_kwargs(pallas_tuning))
     else:
         res = pure_jax(resolved)
     return res if return_state else res[0]

@@ -1,6 +1,6 @@
 """Shared helpers for the Pallas kernels: which lowering to use, padding, chunk layout.
 
-Two kernel variants share one chunk body (kernels.pallas.recurrence):
+Two kernel variants share one chunk body (kernels.pallas.tiles):
   "gpu": Pallas' Triton lowering. Grid (batch*heads, value blocks); each program walks
          its chunks in a fori_loop and keeps the state in registers.
   "tpu": Mosaic TPU. Grid (batch*heads, chunks) with the chunk axis "arbitrary"
@@ -33,14 +33,6 @@ VARIANTS = ("gpu", "tpu")
 
 def backend() -> str:
     return jax.default_backend()
-
-
-def check_switch(where: str, env: str, value, choices) -> None:
-    """A module switch (read when traced) must hold one of its choices; the error names
-    the attribute `where` (e.g. "intra.PREP_KERNELS") and the environment variable `env`
-    that set it."""
-    if value not in choices:
-        raise ValueError(f"kernels.pallas.{where} (env {env}) is {value!r}; valid: {choices}")
 
 
 def resolve_variant(variant: str | None) -> str:
@@ -148,3 +140,49 @@ def chunk_specs(h: int, chunk: int) -> ChunkSpecs:
         scalar=pl.BlockSpec((None, None, 1, 1), lambda bi, hi, ni: (bi * h + hi, ni, 0, 0)),
         state=lambda k, v: pl.BlockSpec((None, None, k, v),
                                         lambda bi, hi, ni: (bi * h + hi, ni, 0, 0)))
+
+
+class SequenceSpecs(NamedTuple):
+    """BlockSpecs of one head's whole (padded) sequence on the grid (B, H, value blocks), as
+    the sequential kernels (forward, state pass, dS pass) use them: token(d) and
+    token_block(bv) a (B, Tp, H, .) array's rows of one head (all d columns, or value
+    block j); per_token a (B, Tp, H) one's; rows(d) and rows_block(bv) a head-major
+    (B*H, Tp, .) one's; chunk_scalars a (B*H, N, 1, 1) one's; state(k, bv) a (B*H, k, V)
+    one's value block; states(k, bv) a (B*H, N, k, V) one's (every chunk-start state)."""
+    token: Callable
+    token_block: Callable
+    per_token: object
+    rows: Callable
+    rows_block: Callable
+    chunk_scalars: object
+    state: Callable
+    states: Callable
+
+
+def sequence_specs(h: int, tp: int, num_chunks: int) -> SequenceSpecs:
+    row = lambda bi, hi: bi * h + hi  # noqa: E731
+    return SequenceSpecs(
+        token=lambda d: pl.BlockSpec((None, tp, None, d), lambda bi, hi, j: (bi, 0, hi, 0)),
+        token_block=lambda bv: pl.BlockSpec((None, tp, None, bv),
+                                            lambda bi, hi, j: (bi, 0, hi, j)),
+        per_token=pl.BlockSpec((None, tp, None), lambda bi, hi, j: (bi, 0, hi)),
+        rows=lambda d: pl.BlockSpec((None, tp, d), lambda bi, hi, j: (row(bi, hi), 0, 0)),
+        rows_block=lambda bv: pl.BlockSpec((None, tp, bv),
+                                           lambda bi, hi, j: (row(bi, hi), 0, j)),
+        chunk_scalars=pl.BlockSpec((None, num_chunks, 1, 1),
+                                   lambda bi, hi, j: (row(bi, hi), 0, 0, 0)),
+        state=lambda k, bv: pl.BlockSpec((None, k, bv), lambda bi, hi, j: (row(bi, hi), 0, j)),
+        states=lambda k, bv: pl.BlockSpec((None, num_chunks, k, bv),
+                                          lambda bi, hi, j: (row(bi, hi), 0, 0, j)))
+
+
+def recurrence_in_specs(spec: SequenceSpecs, has_w, has_g, kdim, bv, c, with_qp=True):
+    """BlockSpecs of a sequential kernel's leading inputs: [w] ut q k p gcl [gam]
+    (with_qp) or [w] ut k gcl [gam] (the state pass)."""
+    specs = ([spec.rows(kdim)] if has_w else []) + [spec.rows_block(bv)]
+    if with_qp:
+        specs += [spec.token(kdim), spec.token(kdim), spec.rows(c)]
+    else:
+        specs.append(spec.token(kdim))
+    specs.append(spec.chunk_scalars)
+    return specs + ([spec.per_token] if has_g else [])

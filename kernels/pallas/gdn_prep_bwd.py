@@ -1,4 +1,4 @@
-"""Backward of the gated delta rule's per-chunk preparation (kernels.pallas.intra) as one
+"""Backward of the gated delta rule's per-chunk preparation (kernels.pallas.gdn_prep) as one
 Pallas (Triton) kernel: the vector-Jacobian product of
 
     A  = strict_lower(beta_t exp(G_t - G_s) k_t.k_s),   X = (I + A)^-1
@@ -28,7 +28,6 @@ turns it into that of the per-token log-decays by a reverse cumsum within each c
 from __future__ import annotations
 
 import functools
-import os
 
 import jax
 import jax.numpy as jnp
@@ -36,23 +35,12 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from kernels.pallas import common
-from kernels.pallas.intra import _decay_mask
-
-# Triton warps per program; read when traced (KERNELS_PALLAS_PREP_BWD_WARPS). 4 spill
-# registers at C64 D128 and 8 do not, yet 4 are faster: GDN fwd+bwd 2.021 vs 2.159 ms at
-# B2 T8192, 4.741 vs 4.949 ms at B1 T32768 (H200, session 6, profile_kernels --tune-seq)
-NUM_WARPS = int(os.environ.get("KERNELS_PALLAS_PREP_BWD_WARPS", "4"))
+from kernels.pallas.tiles import decay_mask, mm
+from kernels.pallas.tuning import Tuning
 
 
-def _mm(a, b, *, ta=False, tb=False, precision=None):
-    """a @ b with optional transposes, accumulated in float32."""
-    dims = (((0,) if ta else (1,), (1,) if tb else (0,)), ((), ()))
-    return lax.dot_general(a, b, dims, precision=precision,
-                           preferred_element_type=jnp.float32)
-
-
-def _intra_bwd_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, x_ref,
-                      dw_ref, dut_ref, dp_ref, dgcl_ref, *refs, chunk, has_acc):
+def _prep_bwd_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, x_ref,
+                     dw_ref, dut_ref, dp_ref, dgcl_ref, *refs, chunk, has_acc):
     # has_acc: three more inputs, gradients of q, k and G from elsewhere (the recurrence),
     # added to this kernel's before the outputs are written (no separate XLA sums)
     if has_acc:
@@ -77,21 +65,21 @@ def _intra_bwd_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, x_ref,
     # Ut = X Rv (the forward multiplies X and R in the input dtype)
     v = v_ref[...]
     dut = dut_ref[...]
-    drv = _mm(xd, dut, ta=True, precision=prec)            # (C, V)
+    drv = mm(xd, dut, ta=True, precision=prec)            # (C, V)
     dv_ref[...] = (drv * beta[:, None]).astype(dv_ref.dtype)
     db = jnp.sum(drv * v.astype(f32), axis=1)
     rv = (v.astype(f32) * beta[:, None]).astype(dt)
-    dx = _mm(dut, rv, tb=True, precision=prec)
+    dx = mm(dut, rv, tb=True, precision=prec)
     # W = X Rk
     k = k_ref[...]
     rk = (k.astype(f32) * bg[:, None]).astype(dt)
-    dx = dx + _mm(dw_ref[...], rk, tb=True, precision=prec)
+    dx = dx + mm(dw_ref[...], rk, tb=True, precision=prec)
 
     # X = (I + A)^-1: dA = -X^T dX X^T, where A varies (strictly below the diagonal)
-    dmat, rows, cols = _decay_mask(g, chunk)
-    da = -_mm(_mm(x, dx, ta=True, precision=prec), x, tb=True, precision=prec)
+    dmat, rows, cols = decay_mask(g, chunk)
+    da = -mm(mm(x, dx, ta=True, precision=prec), x, tb=True, precision=prec)
     da = jnp.where(rows > cols, da, 0.0)
-    kk = _mm(k, k, tb=True, precision=prec)
+    kk = mm(k, k, tb=True, precision=prec)
     dad = da * dmat
     fa = dad * kk                                          # dL/d(beta_t) terms, per (t, s)
     db = db + jnp.sum(fa, axis=1)
@@ -99,21 +87,21 @@ def _intra_bwd_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, x_ref,
     ma = fa * beta[:, None]
     dg = jnp.sum(ma, axis=1) - jnp.sum(ma, axis=0)
     dkk = dad * beta[:, None]                              # dL/d(K K^T) through A
-    dk = _mm((dkk + dkk.T).astype(dt), k, precision=prec)
+    dk = mm((dkk + dkk.T).astype(dt), k, precision=prec)
 
     # dRk = X^T dW (dw read again: cheaper than keeping it and dRk live through dA)
-    drk = _mm(xd, dw_ref[...], ta=True, precision=prec)    # (C, K)
+    drk = mm(xd, dw_ref[...], ta=True, precision=prec)    # (C, K)
     dk = dk + drk * bg[:, None]
     rk_k = jnp.sum(drk * k.astype(f32), axis=1) * gam      # <dRk_t, k_t> gamma_t
     db_ref[...] = db + rk_k
 
     # P = (Q K^T) * D
     q = q_ref[...]
-    qk = _mm(q, k, tb=True, precision=prec)
+    qk = mm(q, k, tb=True, precision=prec)
     dqk = dp_ref[...].astype(f32) * dmat                   # dmat is 0 above the diagonal
     dqk_c = dqk.astype(dt)
-    dq = _mm(dqk_c, k, precision=prec)
-    dk = dk + _mm(dqk_c, q, ta=True, precision=prec)
+    dq = mm(dqk_c, k, precision=prec)
+    dk = dk + mm(dqk_c, q, ta=True, precision=prec)
     if has_acc:
         dq = dq + dq_acc_ref[...].astype(f32)
         dk = dk + dk_acc_ref[...].astype(f32)
@@ -127,13 +115,14 @@ def _intra_bwd_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, x_ref,
                    + jnp.where(last, dgcl, 0.0))
 
 
-def gdn_intra_bwd(q, k, v, big_g, beta, inverse, dw, dut, dp, dgcl, *, chunk, add=None):
-    """VJP of gdn_intra's (w, ut, p, gcl) (the same function as gdn.prep_xla with the
+def gdn_prep_bwd(q, k, v, big_g, beta, inverse, dw, dut, dp, dgcl, *, chunk, tuning: Tuning,
+                 add=None):
+    """VJP of gdn_prep.gdn_prep's (w, ut, p, gcl) (the same function as gdn.prep_xla with the
     in-chunk cumsum G given) from the saved float32 inverse.
 
     q, k (B,Tp,H,K), v (B,Tp,H,V) in one dtype; big_g, beta (B,Tp,H) float32; inverse
-    (B*H, Tp, C) float32 (gdn_intra's with_inverse output); dw (B*H,Tp,K), dut (B*H,Tp,V),
-    dp (B*H,Tp,C) and dgcl (B*H,N,1,1): the cotangents of gdn_intra's outputs.
+    (B*H, Tp, C) float32 (gdn_prep's with_inverse output); dw (B*H,Tp,K), dut (B*H,Tp,V),
+    dp (B*H,Tp,C) and dgcl (B*H,N,1,1): the cotangents of gdn_prep's outputs.
     Returns dq, dk (B,Tp,H,K) and dv (B,Tp,H,V) in the input dtype, and dG (w.r.t.
     big_g), dbeta (B,Tp,H) float32. add: None or (dq, dk, dG) from another path (same
     shapes), summed into the returned dq, dk, dG inside the kernel."""
@@ -145,8 +134,8 @@ def gdn_intra_bwd(q, k, v, big_g, beta, inverse, dw, dut, dp, dgcl, *, chunk, ad
                              ("dw", dw, (b * h, tp, kdim)), ("dut", dut, (b * h, tp, vdim)),
                              ("dp", dp, (b * h, tp, chunk)), ("dgcl", dgcl, (b * h, n, 1, 1))):
         if tuple(arr.shape) != shape:
-            raise ValueError(f"gdn_intra_bwd: {name} has shape {tuple(arr.shape)}, "
-                             f"expected {shape} (gdn_intra's layout for chunk={chunk})")
+            raise ValueError(f"gdn_prep_bwd: {name} has shape {tuple(arr.shape)}, "
+                             f"expected {shape} (gdn_prep's layout for chunk={chunk})")
     spec = common.chunk_specs(h, chunk)
     tok, per_tok, flat, scalar = spec.token, spec.per_token, spec.rows, spec.scalar
     out_shapes = [jax.ShapeDtypeStruct((b, tp, h, kdim), dt),
@@ -159,14 +148,14 @@ def gdn_intra_bwd(q, k, v, big_g, beta, inverse, dw, dut, dp, dgcl, *, chunk, ad
         dq_add, dk_add, dg_add = add
         acc = [dq_add, dk_add, jnp.asarray(dg_add, jnp.float32)]
     return pl.pallas_call(
-        functools.partial(_intra_bwd_kernel, chunk=chunk, has_acc=bool(acc)),
+        functools.partial(_prep_bwd_kernel, chunk=chunk, has_acc=bool(acc)),
         grid=(b, h, n),
         in_specs=[tok(kdim), tok(kdim), tok(vdim), per_tok, per_tok, flat(chunk),
                   flat(kdim), flat(vdim), flat(chunk), scalar]
         + ([tok(kdim), tok(kdim), per_tok] if acc else []),
         out_specs=[tok(kdim), tok(kdim), tok(vdim), per_tok, per_tok],
         out_shape=out_shapes, interpret=common.interpret(),
-        compiler_params=common.compiler_params("gpu", num_warps=NUM_WARPS, num_stages=1),
+        compiler_params=common.compiler_params("gpu", num_warps=tuning.prep_bwd_warps, num_stages=1),
         name="gdn_chunk_prep_bwd")(
             q, k, v, jnp.asarray(big_g, jnp.float32), jnp.asarray(beta, jnp.float32),
             inverse, dw.astype(dt), dut.astype(dt), dp.astype(dt),

@@ -12,7 +12,9 @@ import jax.numpy as jnp
 from jax import lax
 
 from kernels.pallas import common, prep
-from kernels.pallas.recurrence import Config, block_v, chunk_recurrence
+from kernels.pallas.plan import Config, block_v
+from kernels.pallas.recurrence import chunk_recurrence
+from kernels.pallas.tuning import DEFAULT, Tuning
 
 
 def _normaliser(qg, kd, p, gcl, z0):
@@ -34,12 +36,13 @@ def _normaliser(qg, kd, p, gcl, z0):
 
 def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None,
                      initial_state=None, return_state=False, chunk_size=64,
-                     segment_ids=None, variant=None):
+                     segment_ids=None, variant=None, tuning: Tuning = DEFAULT):
     """S_t = exp(g_t) S_{t-1} + k_t v_t^T, z_t = exp(g_t) z_{t-1} + k_t,
     o_t = S_t^T q_t / (z_t^T q_t + eps) (normalize) or S_t^T q_t.
 
     q, k: (B,T,H,F); v: (B,T,H,Dv); log_decay: None | (H,) | (B,T,H).
     State S (B,H,F,Dv) float32, or (S, z) with z (B,H,F) when normalize=True.
+    tuning: the GPU programs' launch settings (kernels.pallas.tuning).
     """
     op = "kernels.pallas.linear_attention"
     variant, dtype = common.check_inputs(op, q, k, v, segment_ids=segment_ids,
@@ -84,7 +87,7 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None,
 
     out_dtype = jnp.float32 if normalize else dtype
     cfg = Config(chunk=c, variant=variant, out_dtype=jnp.dtype(out_dtype).name,
-                 block_v=block_v(f, dv, variant, b * h))
+                 block_v=block_v(f, dv, variant, b * h, tuning), tuning=tuning)
     o, st = chunk_recurrence(None, prep.flat(vc), q, k, prep.flat(p.astype(dtype)),
                              gcl.reshape(b * h, n, 1, 1), big_g,
                              s0.reshape(b * h, f, dv), cfg)

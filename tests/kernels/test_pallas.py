@@ -12,9 +12,6 @@ import jax
 import jax.numpy as jnp
 
 import kernels.pallas as kp
-from kernels.pallas import gdn as kp_gdn
-from kernels.pallas import intra as kp_intra
-from kernels.pallas import recurrence as kp_rec
 
 C = 16
 SLOW = pytest.mark.slow
@@ -39,24 +36,25 @@ def cases(fast_gpu, all_cases):
     return out
 
 
-def with_prep_bwd(params):
-    """GDN cases x the fused preparation's backward (kernels.pallas.gdn.PREP_BWD): the
-    "gpu" program (fused Pallas preparation) runs each case with both backwards and with
-    "fused" (gdn.FUSED_VJP: one custom VJP over preparation + recurrence), and with the
-    forward as one loop ("never": recurrence.SPLIT_FWD, whose default splits the forward
-    into a state pass + an output pass under a gradient) or split without a gradient too
-    ("always"), with the preparation as one or three kernels ("prep1", "prep3":
-    intra.PREP_KERNELS; the others run the default two), with the row-wise diagonal
-    inverse ("rows": intra.DIAG_INVERSE), and with the state pass as a two-level scan
-    over 3 segments ("seg3": recurrence.SEQ_SEGMENTS), with the case's marks; the "tpu" program
-    differentiates the XLA preparation, so one run."""
+# Settings each "gpu" case also runs with (beside the defaults): the XLA preparation
+# (fused_prep=False, differentiated by XLA), the solve's products in IEEE float32 for
+# every dtype, and value blocks forced to 32 columns (the whole value dim of these cases
+# in one program per head; the default narrows them to 16 to fill the GPU). The "tpu"
+# program takes none of them: one run.
+GPU_SETTINGS = {
+    "default": {},
+    "xla_prep": {"fused_prep": False},
+    "solve_highest": {"tuning": kp.Tuning(solve_precision="highest")},
+    "block_v32": {"tuning": kp.Tuning(block_v=32)},
+}
+
+
+def with_settings(params, names=tuple(GPU_SETTINGS)):
+    """Each "gpu" case once per setting in names, the "tpu" ones once ("default")."""
     out = []
     for p in params:
-        bwds = ((*kp_gdn.PREP_BWD_CHOICES, "fused", "never", "always", "prep1", "prep3",
-                 "rows", "seg3")
-                if p.values[0] == "gpu" else ("xla",))
-        for bwd in bwds:
-            out.append(pytest.param(*p.values, bwd, marks=p.marks))
+        for name in (names if p.values[0] == "gpu" else ("default",)):
+            out.append(pytest.param(*p.values, name, marks=p.marks))
     return out
 
 
@@ -144,23 +142,13 @@ def gdn_inputs(seed, b, t, h, kd, vd, beta_mode="random"):
 
 # ----------------------------------------------------------------------------- gated delta rule
 
-@pytest.mark.parametrize("variant,t,beta_mode,prep_bwd", with_prep_bwd(cases(
+@pytest.mark.parametrize("variant,t,beta_mode,setting", with_settings(cases(
     [(37, "random")], [(37, "random"), (1, "random"), (32, "edges")])))
-def test_gdn_forward_and_grads_match_float64(variant, t, beta_mode, prep_bwd, monkeypatch):
-    monkeypatch.setattr(kp_gdn, "FUSED_VJP", prep_bwd in ("fused", "prep1", "prep3", "rows",
-                                                          "seg3"))
-    monkeypatch.setattr(kp_intra, "PREP_KERNELS",
-                        int(prep_bwd[-1]) if prep_bwd.startswith("prep") else 2)
-    # the default two-kernel preparation with the row-wise diagonal inverse (fla's)
-    monkeypatch.setattr(kp_intra, "DIAG_INVERSE", "rows" if prep_bwd == "rows" else "power")
-    monkeypatch.setattr(kp_rec, "SEQ_SEGMENTS", 3 if prep_bwd == "seg3" else 1)
-    monkeypatch.setattr(kp_rec, "SPLIT_FWD",
-                        prep_bwd if prep_bwd in kp_rec.SPLIT_FWD_CHOICES else "grad")
-    monkeypatch.setattr(kp_gdn, "PREP_BWD",
-                        prep_bwd if prep_bwd in kp_gdn.PREP_BWD_CHOICES else "pallas")
+def test_gdn_forward_and_grads_match_float64(variant, t, beta_mode, setting):
+    kwargs = GPU_SETTINGS[setting]
     q, k, v, g, beta, s0 = gdn_inputs(t, 2, t, 2, 16, 32, beta_mode)
     o, st = kp.gated_delta_rule(q, k, v, g, beta, initial_state=s0, return_state=True,
-                                chunk_size=C, variant=variant)
+                                chunk_size=C, variant=variant, **kwargs)
     ro, rst = np_gdn(q, k, v, g, beta, s0)
     assert o.dtype == jnp.float32 and st.dtype == jnp.float32
     assert rel(o, ro) <= 1e-5 and rel(st, rst) <= 1e-5
@@ -175,7 +163,7 @@ def test_gdn_forward_and_grads_match_float64(variant, t, beta_mode, prep_bwd, mo
         return jax.grad(f, argnums=tuple(range(6)))
 
     got = loss(lambda *a: kp.gated_delta_rule(*a[:5], initial_state=a[5], return_state=True,
-                                              chunk_size=C, variant=variant),
+                                              chunk_size=C, variant=variant, **kwargs),
                np.float32)(q, k, v, g, beta, s0)
     with jax.enable_x64():
         ref = loss(jax_gdn64, np.float64)(*(jnp.asarray(x, jnp.float64)
@@ -183,13 +171,6 @@ def test_gdn_forward_and_grads_match_float64(variant, t, beta_mode, prep_bwd, mo
         ref = [np.asarray(r) for r in ref]
     for name, a, r in zip(["dq", "dk", "dv", "dlog_alpha", "dbeta", "ds0"], got, ref):
         assert rel(a, r) <= 1e-5, (name, rel(a, r))
-
-
-def test_segment_count_is_the_largest_divisor_within_the_setting(monkeypatch):
-    monkeypatch.setattr(kp_rec, "SEQ_SEGMENTS", 8)
-    assert [kp_rec._segments(n) for n in (1, 3, 7, 12, 32, 512)] == [1, 3, 7, 6, 8, 8]
-    monkeypatch.setattr(kp_rec, "SEQ_SEGMENTS", 1)
-    assert kp_rec._segments(512) == 1
 
 
 def test_gdn_beta_one_orthonormal_keys_store_values_exactly():
@@ -229,32 +210,18 @@ def linear_inputs(seed, t, decay, normalize, b=2, h=2, f=16, dv=32):
     return q, k, v, ld, np.asarray(g, np.float32), s0, z0
 
 
-def with_split(params):
-    """Each "gpu" case with each recurrence.SPLIT_FWD (the forward as one loop or as a
-    state pass + an output pass: never, under a gradient, always) and with the state pass
-    as a two-level scan over 3 segments ("seg3": recurrence.SEQ_SEGMENTS)."""
-    out = []
-    for p in params:
-        for split in ((*kp_rec.SPLIT_FWD_CHOICES, "seg3") if p.values[0] == "gpu"
-                      else ("grad",)):
-            out.append(pytest.param(*p.values, split, marks=p.marks))
-    return out
-
-
-@pytest.mark.parametrize("variant,normalize,decay,t,split", with_split(cases(
+@pytest.mark.parametrize("variant,normalize,decay,t,setting", with_settings(cases(
     [(True, "tokens", 37)],
     [(False, None, 37), (False, "tokens", 37), (True, None, 1), (True, "tokens", 37),
-     (True, "heads", 16)])))
-def test_linear_forward_and_grads_match_float64(variant, normalize, decay, t, split,
-                                                monkeypatch):
-    monkeypatch.setattr(kp_rec, "SPLIT_FWD", "grad" if split == "seg3" else split)
-    monkeypatch.setattr(kp_rec, "SEQ_SEGMENTS", 3 if split == "seg3" else 1)
+     (True, "heads", 16)]), names=("default", "block_v32")))
+def test_linear_forward_and_grads_match_float64(variant, normalize, decay, t, setting):
+    tuning = GPU_SETTINGS[setting].get("tuning", kp.DEFAULT_TUNING)
     eps = 1e-6
     q, k, v, ld, g, s0, z0 = linear_inputs(t, t, decay, normalize)
     init = (s0, z0) if normalize else s0
     o, state = kp.linear_attention(q, k, v, normalize=normalize, eps=eps, log_decay=ld,
                                    initial_state=init, return_state=True, chunk_size=C,
-                                   variant=variant)
+                                   variant=variant, tuning=tuning)
     ro, rs, rz = np_linear(q, k, v, g, s0, z0 if normalize else 0 * z0, normalize, eps)
     assert rel(o, ro) <= 1e-5
     if normalize:
@@ -273,7 +240,8 @@ def test_linear_forward_and_grads_match_float64(variant, normalize, decay, t, sp
         out, st = kp.linear_attention(q, k, v, normalize=normalize, eps=eps,
                                       log_decay=None if decay is None else g,
                                       initial_state=(s0, z0) if normalize else s0,
-                                      return_state=True, chunk_size=C, variant=variant)
+                                      return_state=True, chunk_size=C, variant=variant,
+                                      tuning=tuning)
         s, z = st if normalize else (st, None)
         return loss_of(out, s, z, np.float32)
 

@@ -9,9 +9,6 @@ import jax
 import jax.numpy as jnp
 
 import kernels.pallas as kp
-from kernels.pallas import intra
-from kernels.pallas.intra import gdn_intra
-from tests.kernels import reference
 from tests.kernels.jaxprs import equations
 
 C = 16
@@ -54,13 +51,10 @@ def gdn(*args):
     return kp.gated_delta_rule(*args, chunk_size=C, variant="gpu")
 
 
-@pytest.mark.parametrize("kernels", intra.PREP_KERNELS_CHOICES)
-def test_forward_without_grad_does_not_write_the_float32_inverse(kernels, monkeypatch):
-    """X = (I + A)^-1 in float32 ((B*H, Tp, C)) is only for the backward. One-kernel
-    preparation (PREP_KERNELS = 1): the no-grad forward has no such output, under jax.grad
-    exactly one. Two or three kernels: X passes between kernels either way, in the input
-    dtype (bf16 here) without a gradient and in float32 under one."""
-    monkeypatch.setattr(intra, "PREP_KERNELS", kernels)
+def test_forward_without_grad_does_not_write_the_float32_inverse():
+    """X = (I + A)^-1 in float32 ((B*H, Tp, C)) is only for the backward: X passes between
+    the preparation's two kernels either way, in the input dtype (bf16 here) without a
+    gradient and in float32 under one."""
     args = inputs()
     tp = -(-T // C) * C
     inverse = ((B * H, tp, C), jnp.dtype(jnp.float32))
@@ -74,39 +68,13 @@ def test_forward_without_grad_does_not_write_the_float32_inverse(kernels, monkey
     fwd = preparation(pallas_calls(jax.make_jaxpr(lambda *a: gdn(*a))(*args)))
     loss = lambda *a: jnp.sum(gdn(*a).astype(jnp.float32))  # noqa: E731
     grad = preparation(pallas_calls(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(*args)))
-    assert len(fwd) == len(grad) == {1: 1, 2: 2, 3: 3}[kernels]
+    assert len(fwd) == len(grad) == 2
     fwd_out = [o for e in fwd for o in outputs(e)]
     grad_out = [o for e in grad for o in outputs(e)]
-    # (three kernels also pass A, float32 and X's shape, from K K^T to the solve)
-    assert fwd_out.count(inverse) == (1 if kernels == 3 else 0)
-    assert grad_out.count(inverse) == fwd_out.count(inverse) + 1
-    if kernels == 1:
-        assert len(grad_out) == len(fwd_out) + 1
-        # the bytes the no-grad preparation saves: exactly X's
-        assert (sum(map(written_bytes, grad)) - sum(map(written_bytes, fwd))
-                == B * H * tp * C * 4)
-    else:
-        assert fwd_out.count(lean_x) == grad_out.count(lean_x) + 1   # X, then P
-        assert (sum(map(written_bytes, grad)) - sum(map(written_bytes, fwd))
-                == B * H * tp * C * (4 - 2))
-
-
-def test_intra_kernel_outputs_do_not_depend_on_with_inverse():
-    q, k, v, g, beta = inputs(1, jnp.float32)
-    tp = 48
-    pad = lambda x: jnp.pad(x, [(0, 0), (0, tp - T)] + [(0, 0)] * (x.ndim - 2))  # noqa: E731
-    q, k, v, g, beta = map(pad, (q, k, v, g, beta))
-    big_g = jnp.cumsum(g.reshape(B, tp // C, C, H), axis=2).reshape(B, tp, H)
-    lean = gdn_intra(q, k, v, big_g, beta, chunk=C, with_inverse=False)
-    full = gdn_intra(q, k, v, big_g, beta, chunk=C, with_inverse=True)
-    assert len(full) == len(lean) + 1
-    for a, b in zip(lean, full):
-        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-    # and the saved inverse is (I + A)^-1 per chunk, against float64 NumPy
-    x = np.asarray(full[-1], np.float64).reshape(B, H, tp // C, C, C)
-    a = reference.chunk_ut_matrix(k, big_g, beta, C)
-    np.testing.assert_allclose(x @ (np.eye(C) + a), np.broadcast_to(np.eye(C), x.shape),
-                               atol=1e-5)
+    assert fwd_out.count(inverse) == 0 and grad_out.count(inverse) == 1
+    assert fwd_out.count(lean_x) == grad_out.count(lean_x) + 1   # X, then P
+    assert (sum(map(written_bytes, grad)) - sum(map(written_bytes, fwd))
+            == B * H * tp * C * (4 - 2))
 
 
 def test_no_grad_forward_equals_grad_path_primal():
@@ -118,17 +86,18 @@ def test_no_grad_forward_equals_grad_path_primal():
     np.testing.assert_array_equal(np.asarray(lean, np.float32), np.asarray(primal, np.float32))
 
 
-def test_forward_writes_only_w_ut_p_and_recurrence_reads_q_k_in_place(monkeypatch):
-    """The preparation writes W, Ut, P (input dtype) and G_C, nothing per token beyond
-    (K + V + C) values; Qg, Kd are formed in the recurrence from q, k, read in their
-    (B, Tp, H, K) layout (no transposed copy) and G (B, Tp, H) float32."""
-    monkeypatch.setattr(intra, "PREP_KERNELS", 1)   # the one-kernel preparation's bytes
+def test_forward_writes_only_w_ut_p_and_recurrence_reads_q_k_in_place():
+    """The preparation hands the recurrence W, Ut, P (input dtype) and G_C, nothing per
+    token beyond (K + V + C) values (X, C values per token, passes between its two
+    kernels); Qg, Kd are formed in the recurrence from q, k, read in their (B, Tp, H, K)
+    layout (no transposed copy) and G (B, Tp, H) float32."""
     args = inputs()
     tp = -(-T // C) * C
     eqns = pallas_calls(jax.make_jaxpr(lambda *a: gdn(*a))(*args))
-    (prep,), (rec,) = named(eqns, "gdn_chunk_prep"), named(eqns, "linear_chunk_fwd")
-    per_token = B * H * tp * (K + V + C) * 2            # bf16 W, Ut, P
-    assert written_bytes(prep) == per_token + B * H * (tp // C) * 4
+    (solve,) = exactly(eqns, "gdn_chunk_prep_kkt_solve")
+    (wu,), (rec,) = exactly(eqns, "gdn_chunk_prep_wu"), named(eqns, "linear_chunk_fwd")
+    assert written_bytes(wu) == B * H * tp * (K + V + C) * 2        # bf16 W, Ut, P
+    assert written_bytes(solve) == B * H * tp * C * 2 + B * H * (tp // C) * 4   # X, G_C
     rec_in = [(tuple(v.aval.shape), jnp.dtype(v.aval.dtype)) for v in rec.invars]
     assert rec_in.count(((B, tp, H, K), jnp.dtype(jnp.bfloat16))) == 2      # q, k
     assert ((B, tp, H), jnp.dtype(jnp.float32)) in rec_in                   # G
@@ -157,47 +126,25 @@ def test_gpu_backward_is_a_state_pass_and_a_chunk_parallel_pass():
     dtype (bf16 here), then one chunk-parallel call writing dq, dk in the inputs' own
     (B, Tp, H, K) layout with the decay chain applied (dG as (B, Tp, H) float32): no
     float32 per-value-block partials of the K-sided gradients to sum afterwards. The
-    forward under a gradient is split (recurrence.SPLIT_FWD = "grad"): a sequential pass
-    saving the chunk-start states and U = Ut - W S in the input dtype, then a
-    chunk-parallel output pass."""
+    forward under a gradient is split: a sequential pass saving the chunk-start states
+    and U = Ut - W S in the input dtype, then a chunk-parallel output pass."""
     args = inputs(4)
     tp = -(-T // C) * C
     n = tp // C
     loss = lambda *a: jnp.sum(gdn(*a).astype(jnp.float32))  # noqa: E731
     eqns = pallas_calls(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))(*args))
     bf16, f32 = jnp.dtype(jnp.bfloat16), jnp.dtype(jnp.float32)
-    (fwd,) = named(eqns, "linear_chunk_fwd_states")     # (one segment: the final state)
-    assert outputs(fwd) == [((B * H, 1, K, V), f32), ((B * H, n, K, V), bf16),  # final,
-                            ((B * H, tp, V), bf16)]                        # saved states; U
+    (fwd,) = named(eqns, "linear_chunk_fwd_states")
+    assert outputs(fwd) == [((B * H, K, V), f32), ((B * H, n, K, V), bf16),  # final, saved
+                            ((B * H, tp, V), bf16)]                          # states; U
     (out,) = named(eqns, "linear_chunk_fwd_output")
     assert outputs(out) == [((B, tp, H, V), bf16)]
     assert not exactly(eqns, "linear_chunk_fwd")  # the one-loop forward is not used
     (state_pass,) = named(eqns, "linear_chunk_bwd_dstate")
     assert outputs(state_pass) == [((B * H, tp, V), bf16), ((B * H, n, K, V), bf16),
-                                   ((B * H, 1, K, V), f32)]
+                                   ((B * H, K, V), f32)]
     (grads,) = named(eqns, "linear_chunk_bwd_grads")
     assert outputs(grads) == [((B, tp, H, K), bf16), ((B, tp, H, K), bf16),
                               ((B * H, tp, K), bf16), ((B * H, tp, C), bf16),
                               ((B * H, n, 1, 1), f32), ((B, tp, H), f32)]
     assert not exactly(eqns, "linear_chunk_bwd")  # the fused (TPU) backward is not used
-
-
-def test_segments_make_both_sequential_passes_two_level(monkeypatch):
-    """recurrence.SEQ_SEGMENTS = 3 (T = 37, chunk 16: 3 chunks, so 3 segments): the
-    forward's state pass and the backward's dS pass each get a segment-map pass in front
-    (a K-column wider output: value columns and the transition's), and run with a
-    segment grid axis; the one-loop forward is not used even without a gradient."""
-    from kernels.pallas import recurrence
-    monkeypatch.setattr(recurrence, "SEQ_SEGMENTS", 3)
-    args = inputs(6)
-    loss = lambda *a: jnp.sum(gdn(*a).astype(jnp.float32))  # noqa: E731
-    eqns = pallas_calls(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2, 3, 4)))(*args))
-    f32 = jnp.dtype(jnp.float32)
-    for name in ("linear_chunk_fwd_segment_maps", "linear_chunk_bwd_segment_maps"):
-        (maps,) = exactly(eqns, name)
-        assert outputs(maps) == [((B * H, 3, K, V + K), f32)], name
-    (states,) = exactly(eqns, "linear_chunk_fwd_states")
-    assert outputs(states)[0] == ((B * H, 3, K, V), f32)      # each segment's end state
-    plain = pallas_calls(jax.make_jaxpr(lambda *a: gdn(*a))(*args))  # (a fresh trace)
-    assert exactly(plain, "linear_chunk_fwd_segment_maps")
-    assert not exactly(plain, "linear_chunk_fwd")

@@ -1,7 +1,7 @@
-"""intra.PREP_KERNELS: the GDN preparation as two or three kernels (intra_split.py)
-computes what the one-kernel preparation (intra.py) does, and its inverse X is
-(I + A)^-1 against a float64 NumPy reference. Interpret mode on CPU (the kernels are GPU
-programs)."""
+"""The gated delta rule's GPU preparation (kernels.pallas.gdn_prep: the K K^T + UT-solve
+kernel, then W, Ut and P) against a float64 NumPy preparation written from its
+definition, and its inverse X against NumPy's inverse. Interpret mode on CPU (the kernels
+are GPU programs)."""
 import functools
 
 import numpy as np
@@ -9,12 +9,10 @@ import pytest
 
 import jax
 import jax.numpy as jnp
-from jax.experimental import pallas as pl
 
-from kernels.pallas import common, intra, intra_split
-from kernels.pallas.intra_split import gdn_intra_split
+from kernels.pallas import Tuning, DEFAULT_TUNING, common, tiles
+from kernels.pallas.gdn_prep import gdn_prep
 from tests.kernels import reference
-from tests.kernels.jaxprs import equations
 
 C = 16
 B, TP, H, K, V = 2, 48, 2, 32, 16
@@ -37,82 +35,79 @@ def prep_inputs(seed, dtype, edges=False):
             jnp.asarray(big_g, jnp.float32), jnp.asarray(beta, jnp.float32))
 
 
+def np_prep(q, k, v, big_g, beta):
+    """(w, ut, p, gcl, X) in gdn_prep's layouts, float64: X = (I + A)^-1,
+    W = X diag(beta exp(G)) K, Ut = X diag(beta) V, P = (Q K^T) * D, G_C = G_{C-1}."""
+    n = TP // C
+
+    def heads(x):   # (B, Tp, H, ...) -> (B, H, N, C, ...)
+        x = np.moveaxis(np.asarray(x, np.float64), 2, 1)
+        return x.reshape(B, H, n, C, *x.shape[3:])
+    qc, kc, vc, gc, bc = (heads(x) for x in (q, k, v, big_g, beta))
+    x = np.linalg.inv(np.eye(C) + reference.chunk_ut_matrix(k, big_g, beta, C))
+    w = x @ (kc * (bc * np.exp(gc))[..., None])
+    ut = x @ (vc * bc[..., None])
+    dmat = np.tril(np.exp(gc[..., :, None] - gc[..., None, :]))
+    p = (qc @ np.swapaxes(kc, -1, -2)) * dmat
+    flat = lambda a: a.reshape(B * H, TP, a.shape[-1])  # noqa: E731
+    return flat(w), flat(ut), flat(p), gc[..., -1].reshape(B * H, n, 1, 1), flat(x)
+
+
 def rel(a, b):
     a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
     return float(np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-30))
 
 
-@pytest.mark.parametrize("kernels", [2, 3])
-@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-6), (jnp.bfloat16, 1e-2)])
+@pytest.mark.parametrize("dtype,tol", [(jnp.float32, 1e-5), (jnp.bfloat16, 2e-2)])
 @pytest.mark.parametrize("edges", [False, True])
-def test_split_preparation_equals_the_one_kernel(dtype, tol, edges, kernels, monkeypatch):
+def test_preparation_matches_float64(dtype, tol, edges):
     args = prep_inputs(3, dtype, edges)
-    monkeypatch.setattr(intra, "PREP_KERNELS", 1)
-    one = intra.gdn_intra(*args, chunk=C, with_inverse=True)
-    split = gdn_intra_split(*args, chunk=C, with_inverse=True, kernels=kernels)
+    got = gdn_prep(*args, chunk=C, tuning=DEFAULT_TUNING, with_inverse=True)
+    # the reference from the inputs as the kernel sees them (bf16-rounded q, k, v)
+    want = np_prep(*(np.asarray(a, np.float32) for a in args))
     names = ["w", "ut", "p", "gcl", "inverse"]
-    assert len(one) == len(split) == 5
-    for name, a, b in zip(names, split, one):
-        assert a.shape == b.shape and a.dtype == b.dtype, name
+    assert len(got) == 5
+    for name, a, b in zip(names, got, want):
+        assert a.shape == b.shape, name
         assert rel(a, b) <= tol, (name, rel(a, b))
+    assert got[4].dtype == jnp.float32 and got[0].dtype == dtype
     # without the inverse (X then in the input dtype) the outputs are bit for bit the same
-    lean = gdn_intra_split(*args, chunk=C, with_inverse=False, kernels=kernels)
+    lean = gdn_prep(*args, chunk=C, tuning=DEFAULT_TUNING, with_inverse=False)
     assert len(lean) == 4
-    for a, b in zip(lean, split):
+    for a, b in zip(lean, got):
         np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
 
-@pytest.mark.parametrize("diag", intra.DIAG_INVERSE_CHOICES)
-@pytest.mark.parametrize("kernels", [2, 3])
-def test_split_inverse_is_the_float64_inverse(kernels, diag, monkeypatch):
-    monkeypatch.setattr(intra, "DIAG_INVERSE", diag)
+def test_inverse_is_the_float64_inverse():
     q, k, v, big_g, beta = prep_inputs(4, jnp.float32)
-    x = np.asarray(gdn_intra_split(q, k, v, big_g, beta, chunk=C, kernels=kernels)[-1],
+    x = np.asarray(gdn_prep(q, k, v, big_g, beta, chunk=C, tuning=DEFAULT_TUNING)[-1],
                    np.float64)
     x = x.reshape(B, H, TP // C, C, C)
     want = np.linalg.inv(np.eye(C) + reference.chunk_ut_matrix(k, big_g, beta, C))
     np.testing.assert_allclose(x, want, atol=1e-5)
 
 
-def prep_kernel_names(*args):
-    """The Pallas calls of gdn_intra, traced afresh (a new function: no trace cache)."""
-    def prep(*a):
-        return intra.gdn_intra(*a, chunk=C, with_inverse=False)
-    eqns = equations(jax.make_jaxpr(prep)(*args).jaxpr)
-    return sorted(str(e.params.get("name")) for e in eqns if e.primitive.name == "pallas_call")
-
-
-def test_switch_routes_gdn_intra(monkeypatch):
-    args = prep_inputs(5, jnp.float32)
-    monkeypatch.setattr(intra, "PREP_KERNELS", 1)
-    assert prep_kernel_names(*args) == ["gdn_chunk_prep"]
-    monkeypatch.setattr(intra, "PREP_KERNELS", 2)
-    assert prep_kernel_names(*args) == ["gdn_chunk_prep_kkt_solve", "gdn_chunk_prep_wu"]
-    monkeypatch.setattr(intra, "PREP_KERNELS", 3)
-    assert prep_kernel_names(*args) == ["gdn_chunk_prep_kkt", "gdn_chunk_prep_solve",
-                                        "gdn_chunk_prep_wu"]
-    monkeypatch.setattr(intra, "PREP_KERNELS", 4)
-    with pytest.raises(ValueError, match="PREP_KERNELS"):
-        prep_kernel_names(*args)
-
-
-def test_diagonal_inverses_agree_with_float64():
-    """Both 16 x 16 unit-lower inverses (intra.DIAG_INVERSE) against NumPy's, on a block
-    with entries as large as the preparation's (|beta k.k| <= 1, many rows)."""
+def test_diagonal_inverse_agrees_with_float64():
+    """The 16 x 16 unit-lower inverse (power series) against NumPy's, on a block with
+    entries as large as the preparation's (|beta k.k| <= 1, many rows)."""
     rng = np.random.default_rng(7)
-    n = np.tril(rng.uniform(-1.0, 1.0, (intra.BS, intra.BS)), -1)
-    want = np.linalg.inv(np.eye(intra.BS) + n)
-    for fn in (intra._unit_lower_inverse, intra._unit_lower_inverse_rows):
-        got = np.asarray(fn(jnp.asarray(n, jnp.float32)), np.float64)
-        assert rel(got, want) <= 1e-5, (fn.__name__, rel(got, want))
+    n = np.tril(rng.uniform(-1.0, 1.0, (tiles.BS, tiles.BS)), -1)
+    want = np.linalg.inv(np.eye(tiles.BS) + n)
+    got = np.asarray(tiles.unit_lower_inverse(jnp.asarray(n, jnp.float32)), np.float64)
+    assert rel(got, want) <= 1e-5
 
 
-@pytest.mark.parametrize("attr,bad", [("DIAG_INVERSE", "cholesky"),
-                                      ("SOLVE_PRECISION", "tf32")])
-def test_bad_solve_switch_is_refused(attr, bad, monkeypatch):
-    monkeypatch.setattr(intra, attr, bad)
-    with pytest.raises(ValueError, match=f"intra.{attr} .env KERNELS_PALLAS_{attr}. is"):
-        gdn_intra_split(*prep_inputs(6, jnp.bfloat16), chunk=C)
+@pytest.mark.parametrize("field,bad", [("solve_precision", "tf32"), ("wu_warps", 0),
+                                       ("seq_stages", 2.5), ("block_v", -16)])
+def test_bad_tuning_is_refused(field, bad):
+    with pytest.raises(ValueError, match=f"Tuning.{field}"):
+        Tuning(**{field: bad})
+
+
+def test_tuning_is_hashable_and_keys_the_trace():
+    """A Tuning is a static argument: equal settings hash equal, others differ."""
+    assert hash(Tuning()) == hash(DEFAULT_TUNING) and Tuning() == DEFAULT_TUNING
+    assert Tuning(wu_warps=4) != DEFAULT_TUNING
 
 
 @pytest.mark.parametrize("dtype,setting,want", [
@@ -120,7 +115,7 @@ def test_bad_solve_switch_is_refused(attr, bad, monkeypatch):
     (jnp.float32, "high", "IEEE")])
 def test_solve_products_lower_to_the_chosen_triton_precision(dtype, setting, want,
                                                              monkeypatch):
-    """intra.SOLVE_PRECISION: the solve's float32 products lower (Pallas' Triton lowering,
+    """Tuning.solve_precision: the solve's float32 products lower (Pallas' Triton lowering,
     run on CPU) to TF32 tensor-core dots for bf16 inputs by default, to IEEE float32 dots
     for float32 inputs always and for bf16 ones under "highest". (The preparation's bf16
     dots lower with Triton's default, also recorded as TF32, which bf16 operands ignore.)"""
@@ -134,28 +129,16 @@ def test_solve_products_lower_to_the_chosen_triton_precision(dtype, setting, wan
 
     monkeypatch.setattr(lowering.tt_dialect, "dot", recording_dot)
     monkeypatch.setattr(common, "interpret", lambda: False)
-    monkeypatch.setattr(intra, "SOLVE_PRECISION", setting)
-    monkeypatch.setattr(intra, "DIAG_INVERSE", "power")
     q = jnp.ones((1, 64, 1, 64), dtype)
     g = jnp.zeros((1, 64, 1), jnp.float32)
-
-    def solve_only(a):  # the solve kernel alone: every dot in it is a solve product
-        spec = common.chunk_specs(1, 64)
-        return pl.pallas_call(
-            functools.partial(intra_split._solve_kernel, chunk=64, dtype=dtype),
-            grid=(1, 1, 1), in_specs=[spec.rows(64)], out_specs=spec.rows(64),
-            out_shape=jax.ShapeDtypeStruct((1, 64, 64), jnp.float32),
-            compiler_params=common.compiler_params("gpu", num_warps=1, num_stages=1))(a)
-
-    a = jnp.zeros((1, 64, 64), jnp.float32)
-    jax.jit(solve_only).trace(a).lower(lowering_platforms=("cuda",))
-    # four diagonal power-series inverses (6 products each) and 16 below the diagonal
-    assert len(seen) == 4 * 6 + 16
-    assert {s.split(".")[-1].upper() for s in seen} == {want}, seen
-    # and in the whole three-kernel preparation the solve's are its only IEEE dots for
-    # bf16 inputs (its bf16 dots lower with Triton's default, TF32, which bf16 ignores)
-    seen.clear()
-    jax.jit(lambda *x: gdn_intra_split(*x, chunk=64, with_inverse=False)).trace(
-        q, q, q, g, g).lower(lowering_platforms=("cuda",))
-    ieee = sum(s.split(".")[-1].upper() == "IEEE" for s in seen)
-    assert ieee == (len(seen) if dtype == jnp.float32 else 40 if want == "IEEE" else 0)
+    prep = functools.partial(gdn_prep, chunk=64, with_inverse=False,
+                             tuning=Tuning(solve_precision=setting))
+    jax.jit(prep).trace(q, q, q, g, g).lower(lowering_platforms=("cuda",))
+    # the solve: four diagonal power-series inverses (6 products each) and 16 products
+    # below the diagonal; the rest are the K K^T blocks and W, Ut, P in the input dtype
+    solve = 4 * 6 + 16
+    kinds = [s.split(".")[-1].upper() for s in seen]
+    ieee = kinds.count("IEEE")
+    assert ieee == (len(seen) if dtype == jnp.float32 else solve if want == "IEEE" else 0)
+    if want == "TF32":
+        assert kinds.count("TF32") >= solve

@@ -1,0 +1,159 @@
+"""The recurrence's backward on the GPU (Triton), as two calls.
+
+1. A sequential dS pass per (batch, head, value block), last chunk to first: carries
+   dS = dL/dS' and writes per chunk dU = P^T dO + Kd dS' and dS' itself (4 matmuls a
+   chunk: only this needs the recurrence, and nothing K-sided is summed over value
+   blocks afterwards).
+2. A pass parallel over (batch, head, chunk), all value columns per program: from the
+   saved chunk-start state S, dS' and dU (U = Ut - W S recomputed, or read where the
+   forward saved it),
+
+       dQg = dO S^T   dKd = U dS'^T   dW = -dU S^T   dP = dO U^T   dG_C = e^G_C <S, dS'>
+
+   then the decay chain in place: dq = dQg e^G, dk = dKd e^(G_C - G),
+   dG = <dq, q> - <dk, k>, dG_C += sum_t <dk, k>.
+"""
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+from jax.experimental import pallas as pl
+
+from kernels.pallas import common, tiles
+from kernels.pallas.plan import Config, sequential_params
+
+GRADS_STAGES = 1  # the gradient kernel reads each tile once: nothing to pipeline
+
+
+def _dstate_kernel(*refs, has_w, has_g, chunk, num_chunks):
+    (w_ref, _, q_ref, k_ref, p_ref, gcl_ref, g_ref), rest = tiles.split_refs(
+        refs, has_w, has_g)
+    do_ref, dst_ref, du_ref, dh_ref, ds0_ref = rest
+    dt = du_ref.dtype
+    prec = common.dot_precision(dt)
+
+    def body(i, ds):
+        n = num_chunks - 1 - i
+        rows = pl.ds(n * chunk, chunk)
+        gam = g_ref[rows][:, None] if has_g else None
+        dsc, du, ds = tiles.dstate_step(ds, w_ref[rows, :] if has_w else None,
+                                        q_ref[rows, :], k_ref[rows, :], p_ref[rows, :],
+                                        gam, gcl_ref[n], do_ref[rows, :].astype(dt), prec)
+        dh_ref[n] = dsc
+        du_ref[rows, :] = du
+        return ds
+
+    ds0_ref[...] = lax.fori_loop(0, num_chunks, body, dst_ref[...])
+
+
+def _grads_kernel(*refs, has_w, has_g, u_saved, block_cols):
+    """u_saved: the ut slot holds U itself (written by the forward), so neither W nor a
+    matmul is needed for it."""
+    (w_ref, ut_ref, q_ref, k_ref, _, gcl_ref, g_ref), rest = tiles.split_refs(
+        refs, has_w, has_g)
+    h_ref, dh_ref, do_ref, du_ref, dq_ref, dk_ref, *rest = rest
+    dw_ref = rest.pop(0) if has_w else None
+    dp_ref, dgcl_ref, *rest = rest
+    dg_ref = rest[0] if has_g else None
+    f32 = jnp.float32
+    mm = tiles.mm
+    dt = ut_ref.dtype
+    prec = common.dot_precision(dt)
+    c, kdim = q_ref.shape
+    vdim = ut_ref.shape[-1]
+    w = w_ref[...] if has_w and not u_saved else None
+    dqg = jnp.zeros((c, kdim), f32)
+    dkd = jnp.zeros((c, kdim), f32)
+    dw = jnp.zeros((c, kdim), f32)
+    dp = jnp.zeros((c, c), f32)
+    sds = jnp.zeros((1, 1), f32)
+    for j in range(vdim // block_cols):     # static: value columns in blocks
+        cols = pl.ds(j * block_cols, block_cols)
+        sc, dsc = h_ref[:, cols], dh_ref[:, cols]
+        doc = do_ref[:, cols].astype(dt)
+        uc = ut_ref[:, cols] if u_saved else tiles.chunk_values(ut_ref[:, cols], w, sc, prec)
+        dqg += mm(doc, sc, tb=True, precision=prec)
+        dp += mm(doc, uc, tb=True, precision=prec)
+        dkd += mm(uc, dsc, tb=True, precision=prec)
+        if has_w:
+            dw -= mm(du_ref[:, cols], sc, tb=True, precision=prec)
+        sds += jnp.sum(jnp.sum(sc.astype(f32) * dsc.astype(f32), axis=1, keepdims=True),
+                       axis=0, keepdims=True)
+    gcl = gcl_ref[...]
+    dgcl = jnp.exp(gcl) * sds
+    if has_g:
+        gam = g_ref[...][:, None]
+        dq = dqg * jnp.exp(gam)
+        dk = dkd * jnp.exp(gcl - gam)
+        tq = jnp.sum(dq * q_ref[...].astype(f32), axis=1)
+        tk = jnp.sum(dk * k_ref[...].astype(f32), axis=1)
+        dg_ref[...] = tq - tk
+        dgcl = dgcl + jnp.sum(tk)
+    else:
+        dq, dk = dqg, dkd
+    dq_ref[...] = dq.astype(dq_ref.dtype)
+    dk_ref[...] = dk.astype(dk_ref.dtype)
+    if has_w:
+        dw_ref[...] = dw.astype(dw_ref.dtype)
+    dp_ref[...] = dp.astype(dp_ref.dtype)
+    dgcl_ref[...] = dgcl
+
+
+def backward(w, ut, q, k, p, gcl, gam, h, do, dst, cfg: Config, u=None):
+    """The GPU backward. u: U = Ut - W S as the forward wrote it (then ut may be None),
+    else recomputed from ut, w and the states h. Returns
+    (dw | None, dut, dq, dk, dp, dgcl, dgam | None, ds0) with dq, dk as (B, Tp, H, K) in
+    the input dtype and the decay chain applied."""
+    u_saved = u is not None
+    ut = u if u_saved else ut
+    b, tp, nh, kdim = q.shape
+    bh = b * nh
+    vdim = ut.shape[-1]
+    c, bv = cfg.chunk, cfg.block_v
+    n = tp // c
+    dt = ut.dtype
+    has_w, has_g = w is not None, gam is not None
+    lead = ([w] if has_w else []) + [ut, q, k, p, gcl] + ([gam] if has_g else [])
+
+    seq = common.sequence_specs(nh, tp, n)
+    du, dh, ds0 = pl.pallas_call(
+        functools.partial(_dstate_kernel, has_w=has_w, has_g=has_g, chunk=c, num_chunks=n),
+        grid=(b, nh, vdim // bv),
+        in_specs=(common.recurrence_in_specs(seq, has_w, has_g, kdim, bv, c)
+                  + [seq.token_block(bv), seq.state(kdim, bv)]),
+        out_specs=[seq.rows_block(bv), seq.states(kdim, bv), seq.state(kdim, bv)],
+        out_shape=[jax.ShapeDtypeStruct((bh, tp, vdim), dt),
+                   jax.ShapeDtypeStruct((bh, n, kdim, vdim), dt),
+                   jax.ShapeDtypeStruct((bh, kdim, vdim), jnp.float32)],
+        interpret=common.interpret(),
+        compiler_params=sequential_params(kdim, bv, cfg.tuning),
+        name="linear_chunk_bwd_dstate")(*lead, do, dst)
+
+    spec = common.chunk_specs(nh, c)
+    crow, tok, one, gspec = spec.rows, spec.token(kdim), spec.scalar, spec.per_token
+    state = spec.state(kdim, vdim)
+    in_specs = (([crow(kdim)] if has_w else []) + [crow(vdim), tok, tok, crow(c), one]
+                + ([gspec] if has_g else []) + [state, state, spec.token(vdim), crow(vdim)])
+    out_specs = [tok, tok] + ([crow(kdim)] if has_w else []) + [crow(c), one] + (
+        [gspec] if has_g else [])
+    out_shape = ([jax.ShapeDtypeStruct(q.shape, q.dtype)] * 2
+                 + ([jax.ShapeDtypeStruct((bh, tp, kdim), dt)] if has_w else [])
+                 + [jax.ShapeDtypeStruct((bh, tp, c), dt),
+                    jax.ShapeDtypeStruct((bh, n, 1, 1), jnp.float32)]
+                 + ([jax.ShapeDtypeStruct((b, tp, nh), jnp.float32)] if has_g else []))
+    outs = pl.pallas_call(
+        functools.partial(_grads_kernel, has_w=has_w, has_g=has_g, u_saved=u_saved,
+                          block_cols=min(vdim, 64)),
+        grid=(b, nh, n), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
+        interpret=common.interpret(),
+        compiler_params=common.compiler_params("gpu", num_warps=cfg.tuning.grads_warps,
+                                               num_stages=GRADS_STAGES),
+        name="linear_chunk_bwd_grads")(*lead, h, dh, do, du)
+    dq, dk, *outs = outs
+    dw = outs.pop(0) if has_w else None
+    dp, dgcl, *outs = outs
+    dgam = outs[0] if has_g else None
+    return dw, du, dq, dk, dp, dgcl, dgam, ds0
