@@ -2,7 +2,9 @@
 
 A frozen dataclass so a config is a plain value (hashable, safe to close over in jit).
 Training builds one from `config.model.to_dict()` with `ModelConfig.from_dict`; models
-never import ml_collections (the GPU machine lacks it).
+never import ml_collections (the GPU machine lacks it). configs/base.py takes its model
+section from these fields, so the defaults are stated here only. Fields marked runtime
+say how a model is computed, not what it is: a resume may change them.
 """
 from __future__ import annotations
 
@@ -10,9 +12,16 @@ import dataclasses
 import difflib
 from typing import Any, Mapping
 
+from kernels.ops import IMPLS
+
 DTYPES = ("float32", "bfloat16", "float16")
-IMPLS = ("auto", "parallel", "recurrent", "chunk", "pallas")
 FEATURE_MAPS = ("elu", "relu", "identity", "dpfp")
+
+
+def _runtime(default):
+    """A field a resumed run may change (training.checkpoint compares every other field
+    with the checkpoint's config): it changes how the model is computed, not its weights."""
+    return dataclasses.field(default=default, metadata={"runtime": True})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -31,7 +40,7 @@ class ModelConfig:
     # MLP.
     mlp: bool = True               # Zoology's MQAR runs have no MLP
     d_ff: int = 0                  # 0 = SwiGLU default, ~8/3 d_model rounded up to 32
-    dropout: float = 0.0           # on the embeddings and each residual branch
+    dropout: float = _runtime(0.0)  # on the embeddings and each residual branch
     attention_dropout: float = 0.0  # on softmax attention probabilities (nanoGPT's attn_dropout)
     # Mixer-specific.
     window: int = 64               # sliding window (sliding_window, based)
@@ -39,16 +48,16 @@ class ModelConfig:
     based_feature_dim: int = 16    # Based: q, k projected to this many dims per head
     num_random_features: int = 256  # performer
     conv_size: int = 4             # short causal conv (deltanet, gated_deltanet)
-    impl: str = "auto"             # kernels.ops implementation for linear ops
-    chunk_size: int = 64
+    impl: str = _runtime("auto")   # kernels.ops implementation for linear ops
+    chunk_size: int = _runtime(64)
     rope_theta: float = 10000.0
-    max_len: int = 2048            # default KV-cache length
+    max_len: int = _runtime(2048)  # default KV-cache length
     norm_eps: float = 1e-6
     init_std: float = 0.02         # embedding init
     # Numerics and memory.
-    dtype: str = "float32"         # compute dtype
+    dtype: str = _runtime("float32")  # compute dtype
     param_dtype: str = "float32"   # parameters stay float32 by default
-    remat: bool = False            # rematerialise each block in the backward pass
+    remat: bool = _runtime(False)  # rematerialise each block in the backward pass
     tie_embeddings: bool = False
 
     def __post_init__(self):
@@ -112,6 +121,12 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
+
+    @classmethod
+    def runtime_keys(cls) -> frozenset[str]:
+        """The fields marked runtime (dtype, remat, impl, ...): a resume may change them."""
+        return frozenset(f.name for f in dataclasses.fields(cls)
+                         if f.metadata.get("runtime"))
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "ModelConfig":

@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from models import flops
 from models.config import ModelConfig
 from models.layers import SwiGLU, dense, dtypes, meta, rms_norm
 from models.mixers import get_mixer
@@ -35,8 +36,7 @@ class Block(nnx.Module):
         return x + h.astype(x.dtype)
 
     def __call__(self, x, *, segment_ids=None, deterministic: bool = True):
-        extra = ({"deterministic": deterministic}
-                 if getattr(self.mixer, "takes_deterministic", False) else {})
+        extra = {"deterministic": deterministic} if self.mixer.takes_deterministic else {}
         h = self.mixer(self.mixer_norm(x), segment_ids=segment_ids, **extra)
         x = x + self.dropout(h, deterministic=deterministic).astype(x.dtype)
         return self._mlp(x, deterministic)
@@ -142,5 +142,12 @@ class LanguageModel(nnx.Module):
         total = 0
         for block in self.blocks:
             n = block.mixer.state_size()
-            total += n * seq_len if getattr(block.mixer, "state_grows", False) else n
+            total += n * seq_len if block.mixer.state_grows else n
         return total
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Forward FLOPs per token at context seq_len (models.flops): 2 per parameter
+        plus each layer's own mixer count, so a hybrid's softmax layers cost what softmax
+        does."""
+        num_params = sum(p.size for p in jax.tree.leaves(nnx.state(self, nnx.Param)))
+        return flops.forward_flops_per_token(self.cfg, num_params, seq_len)

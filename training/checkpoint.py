@@ -15,12 +15,13 @@ from typing import Any, Mapping
 
 import jax
 
+from models.config import ModelConfig
 from training import config_tools
 
 CHECKPOINT_DIR = "checkpoints"
 # Model keys that change how a model is computed, not what it is: a run may resume with
-# other values (e.g. bfloat16 compute or remat to save memory).
-RUNTIME_MODEL_KEYS = frozenset({"dtype", "remat", "impl", "chunk_size", "max_len", "dropout"})
+# other values (e.g. bfloat16 compute or remat to save memory). ModelConfig marks them.
+RUNTIME_MODEL_KEYS = ModelConfig.runtime_keys()
 
 
 class CheckpointMismatch(ValueError):

@@ -1,8 +1,20 @@
-"""Sequence mixers, registered by name (see docs/INTERFACES.md for the interface).
+"""Sequence mixers, registered by name (see docs/INTERFACES.md, "Adding a mixer").
 
-Importing this package registers every mixer in MIXERS.
+Importing this package registers every mixer in MIXERS. Every mixer subclasses
+models.mixers.base.Mixer; register refuses one that leaves part of that interface out.
 """
-from models.mixers.registry import MIXERS, get_mixer, register
-from models.mixers import attention, linear, based, delta, lightning  # noqa: F401  (register)
+from models.mixers.base import Mixer
+from models.mixers.registry import (BASED, DELTANET, GATED_DELTANET, HEDGEHOG, LIGHTNING,
+                                    LINEAR, MIXERS, PERFORMER, SLIDING_WINDOW, SOFTMAX,
+                                    get_mixer, register)
+# Imported for their registration; this order is the order of MIXERS, ALL and FIXED_STATE.
+from models.mixers import attention, linear, based, delta, lightning  # noqa: F401
 
-__all__ = ["MIXERS", "get_mixer", "register"]
+# What a config means by "every mixer" and by "every linear mixer" (those whose decode
+# state has a fixed size: all but softmax's KV cache), in registration order.
+ALL = tuple(MIXERS)
+FIXED_STATE = tuple(name for name, cls in MIXERS.items() if not cls.state_grows)
+
+__all__ = ["ALL", "FIXED_STATE", "MIXERS", "Mixer", "get_mixer", "register",
+           "BASED", "DELTANET", "GATED_DELTANET", "HEDGEHOG", "LIGHTNING", "LINEAR",
+           "PERFORMER", "SLIDING_WINDOW", "SOFTMAX"]

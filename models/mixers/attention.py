@@ -13,10 +13,11 @@ from flax import nnx
 from kernels import ops
 from models.config import ModelConfig
 from models.layers import dense, rope, segment_positions
-from models.mixers.registry import register
+from models.mixers.base import Mixer
+from models.mixers.registry import SLIDING_WINDOW, SOFTMAX, register
 
 
-class _Attention(nnx.Module):
+class _Attention(Mixer):
     """Projections and RoPE shared by the softmax mixers."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -33,6 +34,18 @@ class _Attention(nnx.Module):
                              if cfg.attention_dropout > 0 else None)
 
     takes_deterministic = True  # Block passes `deterministic` (training vs evaluation)
+
+    @classmethod
+    def _keys_per_query(cls, cfg: ModelConfig, seq_len: int) -> int:
+        """How many keys a query is counted against at context seq_len."""
+        raise NotImplementedError
+
+    @classmethod
+    def flops_per_token(cls, cfg: ModelConfig, seq_len: int) -> float:
+        """2 D per key for the score and 2 D for the weighted value, per query head: over
+        the full context as if non-causal (nanoGPT's 12 L d T = 3 x 4 L d T)."""
+        keys = cls._keys_per_query(cfg, seq_len)
+        return 4.0 * keys * cfg.num_heads * cfg.resolved_head_dim
 
     def _dropout_args(self, deterministic: bool) -> dict:
         if self.attn_dropout is None or deterministic:
@@ -67,12 +80,16 @@ class _Attention(nnx.Module):
                 "pos": jnp.zeros((), jnp.int32)}
 
 
-@register("softmax")
+@register(SOFTMAX)
 class SoftmaxAttention(_Attention):
     """Causal multi-head / grouped-query softmax attention with RoPE; decodes with a KV
     cache of max_len tokens."""
 
     state_grows = True  # state_size() is per cached token
+
+    @classmethod
+    def _keys_per_query(cls, cfg: ModelConfig, seq_len: int) -> int:
+        return seq_len
 
     def __call__(self, x, *, segment_ids=None, deterministic: bool = True):
         q, k, v = self._qkv(x, segment_positions(segment_ids, x.shape[1]))
@@ -112,12 +129,14 @@ class SoftmaxAttention(_Attention):
         return 2 * self.kv_heads * self.head_dim
 
 
-@register("sliding_window")
+@register(SLIDING_WINDOW)
 class SlidingWindowAttention(_Attention):
     """Causal softmax attention over the last `window` tokens (self included), RoPE;
     decodes with a ring buffer of `window` keys and values."""
 
-    state_grows = False
+    @classmethod
+    def _keys_per_query(cls, cfg: ModelConfig, seq_len: int) -> int:
+        return min(seq_len, cfg.window)
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         super().__init__(cfg, rngs=rngs)

@@ -17,26 +17,28 @@ from flax import nnx
 from models import feature_maps as fm
 from models.config import ModelConfig
 from models.mixers.attention import SlidingWindowAttention
-from models.mixers.linear import _FeatureMapAttention
-from models.mixers.registry import register
+from models.mixers.base import Mixer
+from models.mixers.feature_attention import FeatureMapAttention
+from models.mixers.registry import BASED, register
 
 
-class TaylorLinearAttention(_FeatureMapAttention):
-    """Based's linear attention: Taylor features of q, k projected to `feature_dim`."""
+class TaylorLinearAttention(FeatureMapAttention):
+    """Based's linear attention: Taylor features of q, k projected to based_feature_dim."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         super().__init__(cfg, rngs=rngs, qk_dim=cfg.based_feature_dim)
 
-    def feature_dim(self) -> int:
-        return fm.taylor_symmetric_dim(self.qk_dim)
+    @classmethod
+    def feature_dim(cls, cfg: ModelConfig) -> int:
+        return fm.taylor_symmetric_dim(cfg.based_feature_dim)
 
     def _phi(self, x, *, query: bool):
         return fm.taylor_symmetric(x * self.qk_dim ** -0.25)
 
 
-@register("based")
-class Based(nnx.Module):
-    state_grows = False
+@register(BASED)
+class Based(Mixer):
+    """The sum of its two parts, in every method of the interface."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.linear = TaylorLinearAttention(cfg, rngs=rngs)
@@ -46,7 +48,8 @@ class Based(nnx.Module):
         return self.linear(x, segment_ids=segment_ids) + self.window(x, segment_ids=segment_ids)
 
     def init_state(self, batch: int, max_len: int = 0):
-        return {"linear": self.linear.init_state(batch), "window": self.window.init_state(batch, max_len)}
+        return {"linear": self.linear.init_state(batch),
+                "window": self.window.init_state(batch, max_len)}
 
     def prefill(self, x, state):
         y1, s1 = self.linear.prefill(x, state["linear"])
@@ -60,3 +63,8 @@ class Based(nnx.Module):
 
     def state_size(self) -> int:
         return self.linear.state_size() + self.window.state_size()
+
+    @classmethod
+    def flops_per_token(cls, cfg: ModelConfig, seq_len: int) -> float:
+        return (TaylorLinearAttention.flops_per_token(cfg, seq_len)
+                + SlidingWindowAttention.flops_per_token(cfg, seq_len))

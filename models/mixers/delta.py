@@ -25,7 +25,7 @@ from kernels import ops
 from models.config import ModelConfig
 from models.layers import GatedRMSNorm, ShortConv, dense, dtypes, l2_normalize, meta
 from models.mixers.recurrent import RecurrentMixer
-from models.mixers.registry import register
+from models.mixers.registry import DELTANET, GATED_DELTANET, register
 
 
 class _DeltaRule(RecurrentMixer):
@@ -69,10 +69,6 @@ class _DeltaRule(RecurrentMixer):
             segment_ids=segment_ids, initial_state=initial_state, return_state=return_state,
             impl=impl, chunk_size=self.cfg.chunk_size)
 
-    def _op_state(self, batch: int):
-        d = self.head_dim
-        return jnp.zeros((batch, self.num_heads, d, d), jnp.float32)
-
     def _conv_state(self, batch: int):
         c = self.num_heads * self.head_dim
         dtype = dtypes(self.cfg)[0]
@@ -80,7 +76,7 @@ class _DeltaRule(RecurrentMixer):
                 for name, conv in (("q", self.q_conv), ("k", self.k_conv), ("v", self.v_conv))}
 
 
-@register("gated_deltanet")
+@register(GATED_DELTANET)
 class GatedDeltaNet(_DeltaRule):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -110,7 +106,7 @@ class GatedDeltaNet(_DeltaRule):
         return self.o_proj(self.o_norm(o, g).reshape(b, t, h * d))
 
 
-@register("deltanet")
+@register(DELTANET)
 class DeltaNet(_DeltaRule):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):

@@ -19,8 +19,8 @@ from flax import nnx
 from kernels import ops
 from models.config import ModelConfig
 from models.layers import dense, rms_norm
-from models.mixers.recurrent import RecurrentMixer, zeros_state
-from models.mixers.registry import register
+from models.mixers.recurrent import RecurrentMixer
+from models.mixers.registry import LIGHTNING, register
 
 
 def alibi_slopes(n: int) -> list[float]:
@@ -34,7 +34,7 @@ def alibi_slopes(n: int) -> list[float]:
     return power_of_two(closest) + alibi_slopes(2 * closest)[0::2][: n - closest]
 
 
-@register("lightning")
+@register(LIGHTNING)
 class LightningAttention(RecurrentMixer):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
@@ -63,6 +63,3 @@ class LightningAttention(RecurrentMixer):
         b, t = o.shape[:2]
         o = self.norm(o.reshape(b, t, -1))
         return self.out_proj(jax.nn.sigmoid(self.output_gate(x)) * o)
-
-    def _op_state(self, batch: int):
-        return zeros_state(batch, self.num_heads, self.head_dim, self.head_dim, normalize=False)

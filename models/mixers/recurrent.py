@@ -5,14 +5,16 @@ and how to turn the op's output into y (`_output`). This class then gives the fu
 call, prefill and decode step from those three pieces, so all three run the same math:
 the full call uses cfg.impl (chunk/parallel/...), a decode step the same op with
 impl="recurrent" on one token, starting from the state the previous step returned.
+The op's state S is (H, F, Dv) per sequence with (F, Dv) = `state_dims(cfg)`; its zero
+state and the FLOPs per token both come from those two numbers, so they cannot disagree.
 """
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
 from models.config import ModelConfig
+from models.mixers.base import Mixer
 
 
 # A prefill longer than this many tokens runs piece by piece, carrying the state (and the
@@ -22,8 +24,9 @@ from models.config import ModelConfig
 PREFILL_SEGMENT = 8192
 
 
-class RecurrentMixer(nnx.Module):
-    state_grows = False
+class RecurrentMixer(Mixer):
+    # True: the op also keeps the denominator's running sum z (H, F) beside S.
+    normalize = False
 
     def __init__(self, cfg: ModelConfig):
         self.cfg = cfg
@@ -42,9 +45,16 @@ class RecurrentMixer(nnx.Module):
         """op output (B, T, H, Dv) and the mixer input x -> y (B, T, d_model)."""
         raise NotImplementedError
 
+    @classmethod
+    def state_dims(cls, cfg: ModelConfig) -> tuple[int, int]:
+        """(F, Dv): the op state S is (H, F, Dv). Keys and values of head_dim by default."""
+        d = cfg.resolved_head_dim
+        return d, d
+
     def _op_state(self, batch: int):
         """The op's zero state (array or tuple of arrays, float32)."""
-        raise NotImplementedError
+        return zeros_state(batch, self.num_heads, *self.state_dims(self.cfg),
+                           normalize=self.normalize)
 
     def _conv_state(self, batch: int):
         return None  # mixers with a short conv override
@@ -88,6 +98,13 @@ class RecurrentMixer(nnx.Module):
         """Numbers held per sequence while decoding (counted from the state's shapes)."""
         leaves = jax.tree.leaves(jax.eval_shape(lambda: self.init_state(1)))
         return int(sum(leaf.size for leaf in leaves))
+
+    @classmethod
+    def flops_per_token(cls, cfg: ModelConfig, seq_len: int) -> float:
+        """Recurrent form, per head and token: a state write (2 F Dv) and a read (2 F Dv),
+        whatever the context length (seed 000's cost model)."""
+        f, dv = cls.state_dims(cfg)
+        return 4.0 * cfg.num_heads * f * dv
 
 
 def zeros_state(batch, heads, f, dv, *, normalize: bool):

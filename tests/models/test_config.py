@@ -60,3 +60,18 @@ def test_unknown_mixer_lists_valid_names():
     with pytest.raises(ValueError, match="Unknown mixer 'mamba'"):
         LanguageModel(ModelConfig(mixer="mamba", d_model=32, num_heads=2, num_layers=1,
                                   vocab_size=10), rngs=nnx.Rngs(0))
+
+
+def test_runtime_keys_are_marked_on_the_fields():
+    # How a model is computed, not what it is: a resume may change these.
+    assert ModelConfig.runtime_keys() == {"dtype", "remat", "impl", "chunk_size", "max_len",
+                                          "dropout"}
+
+
+def test_base_config_model_section_is_model_config_defaults():
+    """configs/base.py states no default of its own: only vocab_size 0 (the dataset's)."""
+    from configs import base
+    section = base.get_config().model.to_dict()
+    want = {**ModelConfig().to_dict(), "vocab_size": 0}
+    assert section == want
+    assert {k: type(v) for k, v in section.items()} == {k: type(v) for k, v in want.items()}

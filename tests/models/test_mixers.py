@@ -7,13 +7,14 @@ import pytest
 from flax import nnx
 
 from models import MIXERS, get_mixer
+from models.mixers import FIXED_STATE
 from models.mixers.recurrent import RecurrentMixer
 from tests.models import reference
 from tests.models.helpers import Functional, close, tiny_config
 
 B, T, SPLIT = 2, 20, 12
 ALL = sorted(MIXERS)
-LINEAR = [m for m in ALL if m != "softmax"]
+LINEAR = sorted(FIXED_STATE)
 _CACHE = {}
 
 
