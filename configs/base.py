@@ -4,23 +4,24 @@ Every other file in configs/ starts from `base.get_config()`. Keys set to a plac
 (None) are "unset": the model or data code applies its own default. The config is
 locked before use, so a misspelled --config.KEY stops the run with the nearest keys.
 """
+import dataclasses
+
 import ml_collections
 from ml_collections import config_dict
+
+from models.config import ModelConfig
+
+
+def model_section() -> ml_collections.ConfigDict:
+    """models.ModelConfig's fields with its defaults, so they are stated in one place;
+    vocab_size 0 = take the dataset's."""
+    defaults = {f.name: f.default for f in dataclasses.fields(ModelConfig)}
+    return ml_collections.ConfigDict(dict(defaults, vocab_size=0))
 
 
 def get_config() -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
-
-    # models.ModelConfig, field for field (vocab_size 0 = take the dataset's).
-    c.model = ml_collections.ConfigDict(dict(
-        vocab_size=0, d_model=256, num_layers=4, num_heads=4, num_kv_heads=0, head_dim=0,
-        mixer="softmax", softmax_every=0, layer_pattern="",
-        mlp=True, d_ff=0, dropout=0.0, attention_dropout=0.0,
-        window=64, feature_map="elu", based_feature_dim=16, num_random_features=256,
-        conv_size=4, impl="auto", chunk_size=64, rope_theta=10000.0, max_len=2048,
-        norm_eps=1e-6, init_std=0.02,
-        dtype="float32", param_dtype="float32", remat=False, tie_embeddings=False,
-    ))
+    c.model = model_section()
 
     # data.build(cfg_data, seed=train.seed); None = the data package's default.
     c.data = ml_collections.ConfigDict(dict(
@@ -49,10 +50,11 @@ def get_config() -> ml_collections.ConfigDict:
         lr=1e-3, min_lr_ratio=0.1, warmup_steps=100,   # linear warmup, cosine to lr*ratio
         weight_decay=0.1, decay_embeddings=True, b1=0.9, b2=0.95, eps=1e-8,
         grad_clip=1.0, grad_accum=1,                    # microbatches per step (a scan)
-        precision=config_dict.placeholder(str),         # "float32" | "bfloat16": sets model.dtype
+        # "float32" | "bfloat16": sets model.dtype
+        precision=config_dict.placeholder(str),
         remat=config_dict.placeholder(bool),            # sets model.remat
         log_every=10, eval_every=250, eval_batches=20,
-        early_stop_patience=0,                          # stop after N evals with no new best
+        early_stop_patience=0,                          # stop after N evals, no new best
         checkpoint_every=500, keep_checkpoints=3, async_checkpoints=True,
         peak_flops=0.0,                                 # per device, for MFU; 0 = table
         # Random-number generator for dropout and init: "threefry2x32" (same bits on every

@@ -1,8 +1,8 @@
 """Zoology's MQAR grid: accuracy per mixer, setting and width; recall against state size.
 
     python -m eval.compare --config=configs/compare_mqar.py --workdir=runs/compare_mqar
-    python -m eval.compare --config=configs/compare_mqar.py:reduced ...   # a few runs (GPU)
-    python -m eval.compare --config=configs/compare_mqar.py:tiny ...      # CPU machinery check
+    python -m eval.compare --config=configs/compare_mqar.py:reduced ...  # a few GPU runs
+    python -m eval.compare --config=configs/compare_mqar.py:tiny ...     # CPU check
 
 (seq len, kv pairs) in {(64,4), (128,8), (256,16), (512,64)}, d_model in {64,128,256},
 2 layers without MLP, lr swept over logspace(-4,-2,4) (HazyResearch/zoology). Tables show
@@ -11,18 +11,19 @@ decode state size (numbers per sequence), Zoology's recall-memory figure.
 """
 import ml_collections
 
+from models import mixers
+
 SETTINGS = [(64, 4), (128, 8), (256, 16), (512, 64)]
-MIXERS = ["softmax", "based", "gated_deltanet", "deltanet", "linear", "sliding_window",
-          "hedgehog", "performer", "lightning"]
+MIXERS = list(mixers.ALL)  # every registered mixer
 WIDTHS = [64, 128, 256]
 LRS = [1e-4, 4.6e-4, 2.2e-3, 1e-2]  # numpy.logspace(-4, -2, 4), rounded
 
 
 # Zoology's recall-memory figure as ANCHORS.md reads it (approximate: accuracy near a
 # decode state size, in numbers per sequence), drawn as hollow stars on the scatter.
-ZOOLOGY_POINTS = [{"mixer": "based", "state_size": 1.5e5, "value": 0.99},
-                  {"mixer": "gated_deltanet", "state_size": 7e4, "value": 0.99},
-                  {"mixer": "deltanet", "state_size": 1.3e5, "value": 0.99}]
+ZOOLOGY_POINTS = [{"mixer": mixers.BASED, "state_size": 1.5e5, "value": 0.99},
+                  {"mixer": mixers.GATED_DELTANET, "state_size": 7e4, "value": 0.99},
+                  {"mixer": mixers.DELTANET, "state_size": 1.3e5, "value": 0.99}]
 
 
 def _setting(seq_len, kv):
@@ -59,29 +60,34 @@ def get_config(arg: str = ""):
     c.references = [dict(p, source="Zoology, approx.") for p in ZOOLOGY_POINTS]
     if arg == "reduced":  # what fits a few minutes of one GPU: the hardest short setting
         c.settings = [_setting(256, 16)]
-        c.mixers = [_mixer(m) for m in ("softmax", "gated_deltanet", "based", "linear")]
+        c.mixers = [_mixer(m) for m in (mixers.SOFTMAX, mixers.GATED_DELTANET, mixers.BASED,
+                                        mixers.LINEAR)]
         c.sizes = [_width(128)]
         c.lrs = [1e-3]
         c.overrides.train.steps = 1500
     elif arg == "h200":  # what one H200 runs in minutes: Zoology's (256, 16) setting, the
-        # recall-vs-state scatter over three widths (d128 first: the softmax check needs it),
-        # three lrs (3e-3, best for MQAR on the CPU config, then 1e-3, then 4.6e-4; run them
-        # in that order with --only=lr0.003 / lr0.001 / lr0.00046), batch 128 x 2,000 steps =
-        # 256k examples (~2.5 Zoology epochs; Zoology trains 64). Softmax at d64 reached
-        # 0.9995 by step 2,000 in a first H200 run; softmax d256 and gated_deltanet d64 learned
-        # at neither 3e-3 nor 1e-3 (docs/results.md), hence 4.6e-4 (not run yet).
+        # recall-vs-state scatter over three widths (d128 first: the softmax check needs
+        # it), three lrs (3e-3, best for MQAR on the CPU config, then 1e-3, then 4.6e-4; run
+        # them in that order with --only=lr0.003 / lr0.001 / lr0.00046), batch 128 x 2,000
+        # steps = 256k examples (~2.5 Zoology epochs; Zoology trains 64). Softmax at d64
+        # reached 0.9995 by step 2,000 in a first H200 run; softmax d256 and gated_deltanet
+        # d64 learned at neither 3e-3 nor 1e-3 (docs/results.md), hence 4.6e-4 (not run
+        # yet).
+        # Every mixer; softmax, gated_deltanet and based first, so a sweep cut short by its
+        # time budget keeps them.
+        first = [mixers.SOFTMAX, mixers.GATED_DELTANET, mixers.BASED]
         c.settings = [_setting(256, 16)]
-        c.mixers = [_mixer(m) for m in ("softmax", "gated_deltanet", "based", "deltanet",
-                                        "linear", "sliding_window", "hedgehog", "performer",
-                                        "lightning")]
+        c.mixers = [_mixer(m) for m in first + [m for m in MIXERS if m not in first]]
         c.sizes = [_width(d) for d in (128, 64, 256)]
         c.lrs = [3e-3, 1e-3, 4.6e-4]
         c.overrides.train.update({"steps": 2000, "batch_size": 128, "precision": "bfloat16",
                                   "b2": 0.99, "eval_every": 1000, "checkpoint_every": 1000})
     elif arg == "tiny":  # CPU check of the sweep machinery: seconds per run
-        c.settings = [{"name": "T32_kv2", "overrides": {"data.seq_len": 32, "data.num_kv_pairs": 2}}]
-        c.mixers = [_mixer("softmax"), _mixer("gated_deltanet")]
-        c.sizes = [{"name": "d16", "overrides": {"model.d_model": 16, "model.num_heads": 2}}]
+        c.settings = [{"name": "T32_kv2",
+                       "overrides": {"data.seq_len": 32, "data.num_kv_pairs": 2}}]
+        c.mixers = [_mixer(mixers.SOFTMAX), _mixer(mixers.GATED_DELTANET)]
+        c.sizes = [{"name": "d16",
+                    "overrides": {"model.d_model": 16, "model.num_heads": 2}}]
         c.lrs = [1e-3, 3e-2]
         c.overrides.model.num_layers = 1
         c.overrides.data.vocab_size = 64
@@ -90,6 +96,6 @@ def get_config(arg: str = ""):
         c.eval = {"batch_size": 8, "num_batches": 2}
         c.train_timeout_s = 600
     elif arg:
-        raise ValueError(f"compare_mqar: unknown variant {arg!r}; use '', 'reduced', 'h200' or "
-                         "'tiny'")
+        raise ValueError(f"compare_mqar: unknown variant {arg!r}; use '', 'reduced', "
+                         "'h200' or 'tiny'")
     return c

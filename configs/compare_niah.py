@@ -17,8 +17,10 @@ needles in a text haystack. Heatmap per mixer (depth x length) and a summary tab
 import ml_collections
 from ml_collections import config_dict
 
-MIXERS = ["softmax", "gated_deltanet", "deltanet", "based", "linear", "sliding_window",
-          "lightning"]
+from models import mixers
+
+MIXERS = [mixers.SOFTMAX, mixers.GATED_DELTANET, mixers.DELTANET, mixers.BASED,
+          mixers.LINEAR, mixers.SLIDING_WINDOW, mixers.LIGHTNING]
 
 
 def train_config(with_text: bool = True):
@@ -67,14 +69,16 @@ def get_config(arg: str = ""):
     # still learning the needles); at 6,000 both reach 100% (H200, docs/results.md)
     c.settings = [{"name": "L512", "overrides": {}}]
     # softmax and the 1-in-8 hybrid first: their gap is the headline number
-    c.mixers = ([_mixer("softmax", "softmax"), _mixer("hybrid", "gated_deltanet", softmax_every=8)]
-                + [_mixer(m, m) for m in MIXERS if m != "softmax"])
+    c.mixers = ([_mixer(mixers.SOFTMAX, mixers.SOFTMAX),
+                 _mixer("hybrid", mixers.GATED_DELTANET, softmax_every=8)]
+                + [_mixer(m, m) for m in MIXERS if m != mixers.SOFTMAX])
     c.sizes = [{"name": "d256", "overrides": {}}]
     c.lrs = [1e-3]
     c.seeds = [0]
     # lengths 1x..8x the training length, 6 depths in [0, 1]; both needle kinds
     c.eval = {"niah": {"length_multiples": (1, 2, 4, 8), "num_depths": 6,
-                       "num_examples": 32, "batch_size": 8}, "kinds": ("passkey", "multikey")}
+                       "num_examples": 32, "batch_size": 8},
+              "kinds": ("passkey", "multikey")}
     c.train_timeout_s = 3600
     if arg == "tiny":  # CPU check of the machinery: needles in random filler, a few steps
         c.base_config = "configs/compare_niah.py:train_synthetic"
@@ -86,12 +90,13 @@ def get_config(arg: str = ""):
         c.overrides.train.batch_size = 4
         c.overrides.train.precision = "float32"
         c.settings = [{"name": "L64", "overrides": {}}]
-        c.mixers = [_mixer("softmax", "softmax"), _mixer("gated_deltanet", "gated_deltanet")]
+        c.mixers = [_mixer(mixers.SOFTMAX, mixers.SOFTMAX),
+                    _mixer(mixers.GATED_DELTANET, mixers.GATED_DELTANET)]
         c.sizes = [{"name": "d32", "overrides": {}}]
         c.eval = {"niah": {"length_multiples": (1, 2), "num_depths": 3, "num_examples": 4,
                            "batch_size": 4}, "kinds": ("passkey",)}
         c.train_timeout_s = 600
     elif arg:
-        raise ValueError(f"compare_niah: unknown variant {arg!r}; use '', 'tiny', 'train' or "
-                         "'train_synthetic'")
+        raise ValueError(f"compare_niah: unknown variant {arg!r}; use '', 'tiny', 'train' "
+                         "or 'train_synthetic'")
     return c

@@ -1,8 +1,10 @@
 """Character-level tiny-Shakespeare: nanoGPT's GPU recipe for softmax, then every mixer.
 
-    python -m eval.compare --config=configs/compare_shakespeare.py --workdir=runs/cmp_shakespeare \
+    python -m eval.compare --config=configs/compare_shakespeare.py \
+        --workdir=runs/cmp_shakespeare \
         --config.overrides.data.files=path/to/tinyshakespeare/input.txt
-    python -m eval.compare --config=configs/compare_shakespeare.py:tiny ... # CPU check (same flag)
+    python -m eval.compare --config=configs/compare_shakespeare.py:tiny \
+        --workdir=... --config.overrides.data.files=...   # CPU check
 
 nanoGPT `config/train_shakespeare_char.py`: 6 layers, 6 heads, 384 wide, context 256,
 batch 64, dropout 0.2, lr 1e-3, 5,000 steps (best val loss 1.4697; 1.4612 measured on an
@@ -12,8 +14,9 @@ layer; softmax at 8 layers is there as the like-for-like baseline.
 import ml_collections
 from ml_collections import config_dict
 
-LINEAR = ["gated_deltanet", "deltanet", "based", "linear", "hedgehog", "performer",
-          "lightning", "sliding_window"]
+from models import mixers
+
+LINEAR = list(mixers.FIXED_STATE)  # every linear (fixed-state) mixer
 
 
 def _mixer(name, mixer, layers, **extra):
@@ -36,14 +39,15 @@ def get_config(arg: str = ""):
                              "attention_dropout": 0.2},
                    "data": {"seq_len": 256, "files": config_dict.placeholder(str)},
                    "train": {"steps": 5000, "batch_size": 64, "precision": "bfloat16",
-                             "eval_every": 250, "eval_batches": 50, "checkpoint_every": 1000,
-                             "early_stop_patience": 6, "prng_impl": "unsafe_rbg"},
+                             "eval_every": 250, "eval_batches": 50,
+                             "checkpoint_every": 1000, "early_stop_patience": 6,
+                             "prng_impl": "unsafe_rbg"},
                    "logging": {"wandb": "disabled"}}
     c.settings = [{"name": "char", "overrides": {}}]
-    c.mixers = ([_mixer("softmax_6L", "softmax", 6)]
-                + [_mixer("hybrid_8L", "gated_deltanet", 8, softmax_every=8)]
+    c.mixers = ([_mixer("softmax_6L", mixers.SOFTMAX, 6)]
+                + [_mixer("hybrid_8L", mixers.GATED_DELTANET, 8, softmax_every=8)]
                 + [_mixer(f"{m}_8L", m, 8) for m in LINEAR]
-                + [_mixer("softmax_8L", "softmax", 8)])
+                + [_mixer("softmax_8L", mixers.SOFTMAX, 8)])
     c.sizes = [{"name": "d384", "overrides": {}}]
     c.lrs = [1e-3]
     c.seeds = [0]
@@ -60,7 +64,8 @@ def get_config(arg: str = ""):
         c.overrides.data.seq_len = 32
         c.overrides.train.steps = 4
         c.overrides.train.batch_size = 4
-        c.mixers = [_mixer("softmax_1L", "softmax", 1), _mixer("gated_deltanet_1L", "gated_deltanet", 1)]
+        c.mixers = [_mixer("softmax_1L", mixers.SOFTMAX, 1),
+                    _mixer("gated_deltanet_1L", mixers.GATED_DELTANET, 1)]
         c.sizes = [{"name": "d32", "overrides": {}}]
         c.eval = {"batch_size": 4, "num_batches": 2}
         c.train_timeout_s = 600

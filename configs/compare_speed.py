@@ -6,11 +6,13 @@ random weights and tokens (speed does not depend on their values). Decode batch 
 step must read; set XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 on a 141 GB H200.
 
     python -m eval.compare --config=configs/compare_speed.py --workdir=runs/cmp_speed
-    python -m eval.compare --config=configs/compare_speed.py:decode ...  # decode half only
-    python -m eval.compare --config=configs/compare_speed.py:train ...   # training half only
+    python -m eval.compare --config=configs/compare_speed.py:decode ...  # decode half
+    python -m eval.compare --config=configs/compare_speed.py:train ...   # training half
     python -m eval.compare --config=configs/compare_speed.py:tiny ...    # CPU check
 """
 import ml_collections
+
+from models import mixers
 
 
 def _mixer(name, mixer, **extra):
@@ -27,8 +29,10 @@ def get_config(arg: str = ""):
     c.model = {"vocab_size": 256, "d_model": 1024, "num_layers": 8, "num_heads": 8,
                "dtype": "bfloat16", "max_len": 32768 + 64}
     # in order of priority: a sweep cut short by its time budget keeps the first ones
-    c.mixers = [_mixer("softmax", "softmax"), _mixer("gated_deltanet", "gated_deltanet"),
-                _mixer("hybrid", "gated_deltanet", softmax_every=8), _mixer("based", "based")]
+    c.mixers = [_mixer(mixers.SOFTMAX, mixers.SOFTMAX),
+                _mixer(mixers.GATED_DELTANET, mixers.GATED_DELTANET),
+                _mixer("hybrid", mixers.GATED_DELTANET, softmax_every=8),
+                _mixer(mixers.BASED, mixers.BASED)]
     # 32K first: with a time budget, the longest context is the one to keep
     c.speed = {"train_lengths": (2048, 8192), "train_batch": 4, "train_steps": 5,
                "decode_contexts": (32768, 1024, 8192), "decode_batch": 64,
@@ -41,9 +45,11 @@ def get_config(arg: str = ""):
     elif arg == "tiny":
         c.model = {"vocab_size": 64, "d_model": 32, "num_layers": 2, "num_heads": 2,
                    "max_len": 256}
-        c.mixers = [_mixer("softmax", "softmax"), _mixer("gated_deltanet", "gated_deltanet")]
+        c.mixers = [_mixer(mixers.SOFTMAX, mixers.SOFTMAX),
+                    _mixer(mixers.GATED_DELTANET, mixers.GATED_DELTANET)]
         c.speed = {"train_lengths": (32, 64), "train_batch": 2, "train_steps": 2,
                    "decode_contexts": (16, 64), "decode_batch": 2, "decode_tokens": 4}
     elif arg:
-        raise ValueError(f"compare_speed: unknown variant {arg!r}; use '', 'decode', 'train' or 'tiny'")
+        raise ValueError(f"compare_speed: unknown variant {arg!r}; use '', 'decode', "
+                         "'train' or 'tiny'")
     return c

@@ -2,7 +2,8 @@
 4 key-value pairs, 2 layers, no MLP, softmax by default.
 
     python train.py --config=configs/mqar.py --workdir=runs/mqar
-    python train.py --config=configs/mqar.py --workdir=runs/mqar_gdn --config.model.mixer=gated_deltanet
+    python train.py --config=configs/mqar.py --workdir=runs/mqar_gdn \\
+        --config.model.mixer=gated_deltanet
 
 The data is generated on the fly (no download). The task vocabulary is 512, smaller than
 Zoology's 8192 (keys from [1, 256), values from [256, 512)), so that a 2-core CPU learns

@@ -3,7 +3,8 @@
 A haystack of random filler with `[NEEDLE] d1..d5` at a random depth and `[Q]` at the
 end; the loss counts only the answer digits, so eval_accuracy is per-digit accuracy.
 
-    python train.py --config=configs/niah.py --workdir=runs/niah [--config.model.mixer=gated_deltanet]
+    python train.py --config=configs/niah.py --workdir=runs/niah \\
+        [--config.model.mixer=gated_deltanet]
     # multi-key: --config.data.niah_kind=multikey --config.data.num_keys=8
     # real-text haystack: --config.data.files=path/to/text.txt
 """
