@@ -1,17 +1,23 @@
 """The Dataset interface every source implements (docs/INTERFACES.md, section data/)."""
 from __future__ import annotations
 
-from typing import Any, Iterator, Mapping
+from typing import Any, Iterator
 
 from data.order import canonical_split
 
 BATCH_KEYS = ("inputs", "targets", "mask", "segment_ids")
 
 
-def cfg_get(cfg: Mapping, key: str, default: Any = None) -> Any:
-    """`cfg.get(key, default)` for dicts and ConfigDicts; None counts as unset."""
-    value = cfg.get(key, default) if hasattr(cfg, "get") else default
-    return default if value is None else value
+def cfg_get(cfg: Any, key: str, default: Any = None) -> Any:
+    """`cfg[a][b]` for the dotted key "a.b", in dicts, ConfigDicts and objects with
+    attributes (a ModelConfig); `default` where a part is absent. None counts as unset:
+    configs hold unset keys as None placeholders."""
+    node = cfg
+    for part in key.split("."):
+        node = node.get(part) if hasattr(node, "get") else getattr(node, part, None)
+        if node is None:
+            return default
+    return node
 
 
 class Dataset:

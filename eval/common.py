@@ -1,4 +1,4 @@
-"""Helpers shared by the eval CLIs: loading a run, a jitted forward pass, config access.
+"""Helpers shared by the eval CLIs: loading a run, a jitted forward pass, CLI plumbing.
 
 Everything here works on any `LanguageModel` that keeps the models/ contract
 (docs/INTERFACES.md); nothing depends on which mixer the model uses.
@@ -16,37 +16,8 @@ import numpy as np
 from flax import nnx
 
 
-def cfg_get(config: Any, dotted: str, default: Any = None) -> Any:
-    """Reads `a.b.c` from a ConfigDict, a dataclass or a plain mapping; `default` if absent."""
-    node = config
-    for part in dotted.split("."):
-        if node is None:
-            return default
-        if isinstance(node, Mapping):
-            if part not in node:
-                return default
-            node = node[part]
-        elif hasattr(node, part):
-            node = getattr(node, part)
-        else:
-            try:  # ConfigDict supports both, but be lenient with other containers
-                node = node[part]
-            except (KeyError, TypeError, IndexError):
-                return default
-    return node
-
-
-def to_plain(config: Any) -> Any:
-    """A ConfigDict / FrozenConfigDict / dataclass as nested plain dicts (for JSON and data.build)."""
-    if hasattr(config, "to_dict"):
-        return config.to_dict()
-    if isinstance(config, Mapping):
-        return {k: to_plain(v) for k, v in config.items()}
-    return config
-
-
 def load_run(workdir: str):
-    """(model, config, dataset, step) of a trained run, with a clear error if it is missing."""
+    """(model, config, dataset, step) of a trained run; a clear error if it is missing."""
     if not os.path.isdir(workdir):
         raise FileNotFoundError(
             f"workdir {workdir!r} does not exist: pass the --workdir a train.py run wrote "
@@ -117,7 +88,7 @@ def user_errors(main):
 
 
 def print_json(record: Mapping[str, Any]) -> None:
-    """Prints one JSON line to stdout (the CLIs' machine-readable result is the last line)."""
+    """Prints one JSON line to stdout (the CLIs' machine-readable result, last)."""
     sys.stdout.flush()
     print(json.dumps(record, sort_keys=False), flush=True)
 

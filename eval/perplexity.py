@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
 
+from data.base import cfg_get
 from eval import common
 
 
@@ -119,7 +120,7 @@ def run(workdir: str, files: str | None = None, batch_size: int = 16,
     model, config, dataset, step = common.load_run(workdir)
     stats_fn = common.token_stats_fn(common.make_logits_fn(model))
     if files:
-        seq_len = int(common.cfg_get(config, "data.seq_len"))
+        seq_len = int(cfg_get(config, "data.seq_len"))
         batches = file_batches(files, dataset.tokenizer.encode, seq_len, batch_size)
     else:
         batches = dataset.eval_batches(batch_size, num_batches)

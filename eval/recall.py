@@ -20,6 +20,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 import numpy as np
 
+from data.base import cfg_get
 from eval import common
 
 
@@ -73,12 +74,12 @@ def mqar_task(config, dataset) -> dict[str, Any]:
     if hasattr(dataset, "task_vocab"):
         return {"vocab_size": int(dataset.task_vocab), "offset": int(getattr(dataset, "vocab_offset", 0)),
                 "power_a": float(getattr(dataset, "power_a", 0.01))}
-    source = common.cfg_get(config, "data.source")
+    source = cfg_get(config, "data.source")
     if source != "mqar":
         raise ValueError(f"--task=mqar needs a run trained on MQAR (data.source=mqar), "
                          f"this run has data.source={source!r}")
-    return {"vocab_size": int(common.cfg_get(config, "data.vocab_size", 8192)), "offset": 0,
-            "power_a": float(common.cfg_get(config, "data.power_a", 0.01))}
+    return {"vocab_size": int(cfg_get(config, "data.vocab_size", 8192)), "offset": 0,
+            "power_a": float(cfg_get(config, "data.power_a", 0.01))}
 
 
 def mqar_grid(stats_fn, task: Mapping[str, Any], settings: Sequence[tuple[int, int]], *,
@@ -146,7 +147,7 @@ def niah_grid(stats_fn, config, dataset, *, lengths: Sequence[int] | None = None
               progress: bool = False, generate_fn: Callable | None = None,
               kind: str | None = None) -> dict[str, Any]:
     """Exact match and per-digit accuracy per (length, depth), plus their grid means."""
-    train_len = int(common.cfg_get(config, "data.seq_len"))
+    train_len = int(cfg_get(config, "data.seq_len"))
     if not lengths:
         lengths = [train_len * int(m) for m in length_multiples]
     depths = [float(d) for d in np.linspace(0.0, 1.0, int(num_depths))]

@@ -1,74 +1,88 @@
-"""Throughput of one model configuration: training tokens/s and decode tokens/s by length.
+"""Throughput of a training config: its train step's tokens/s and decode tokens/s by length.
 
-Used by `eval.compare` for the `speed` task. Timings exclude compilation (each function
-is compiled ahead of time with `.lower().compile()`), run one warm-up call, and stop the
-clock only after `block_until_ready`. A measurement that fails (out of memory, say)
-records its error instead of a number, so one bad length does not lose the others.
+Used by sweeps (the `speed` task). The training figure times the step train.py runs
+(training.step.make_train_step: masked loss, the config's optimizer with its clipping
+and weight-decay mask, sharded over the config's mesh, at the config's precision) on
+batches of the config's data pipeline, segment ids included, so it measures what a
+training run gets. Timings exclude compilation (each function is compiled ahead of time
+with `.lower().compile()`), run one warm-up call, and stop the clock only after
+`block_until_ready`. A measurement that fails (out of memory, say) records its error
+instead of a number, so one bad length does not lose the others.
 """
 from __future__ import annotations
 
 import time
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import optax
-from flax import nnx
 
 from eval import generate as gen
+from training import builders, config_tools, model_state, optim
+from training import sharding as shd
+from training import step as train_steps
 
 
-def build_model(model_cfg: Mapping[str, Any], seed: int = 0):
-    from models.config import ModelConfig
-    from models.lm import LanguageModel
-
-    return LanguageModel(ModelConfig.from_dict(dict(model_cfg)), rngs=nnx.Rngs(seed))
-
-
-def count_params(model: nnx.Module) -> int:
-    return int(sum(int(np.prod(x.shape)) for x in jax.tree_util.tree_leaves(nnx.state(model, nnx.Param))))
+def at_shape(config, batch: int, seq_len: int):
+    """A copy of the train.py config whose batches are (batch, seq_len)."""
+    config = config.copy_and_resolve_references()
+    config.data.seq_len = int(seq_len)
+    config.train.batch_size = int(batch)
+    return config
 
 
-def train_step_time(model: nnx.Module, batch: int, seq_len: int, steps: int = 5,
-                    lr: float = 1e-3) -> dict[str, float]:
-    """Seconds per AdamW step (cross-entropy, forward + backward + update) on random tokens."""
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    params = jax.tree_util.tree_map(jnp.copy, params)  # donated below: keep the model's own arrays
-    vocab = model_vocab(model)
-    opt = optax.adamw(lr)
-    opt_state = opt.init(params)
-    rng = np.random.default_rng(0)
-    tokens = jnp.asarray(rng.integers(0, vocab, (batch, seq_len + 1)), jnp.int32)
-
-    def loss_fn(params, rest, tokens):
-        m = nnx.merge(graphdef, params, rest)
-        logits = m(tokens[:, :-1], deterministic=True).astype(jnp.float32)
-        return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
-
-    def step(params, opt_state, rest, tokens):
-        loss, grads = jax.value_and_grad(loss_fn)(params, rest, tokens)
-        updates, opt_state = opt.update(grads, opt_state, params)
-        return optax.apply_updates(params, updates), opt_state, loss
-
-    compiled = jax.jit(step, donate_argnums=(0, 1)).lower(params, opt_state, rest, tokens).compile()
-    params, opt_state, loss = jax.block_until_ready(compiled(params, opt_state, rest, tokens))
-    t0 = time.perf_counter()
-    for _ in range(steps):
-        params, opt_state, loss = compiled(params, opt_state, rest, tokens)
-    jax.block_until_ready(loss)
+def train_step_time(config, batch: int, seq_len: int, steps: int = 5) -> dict[str, float]:
+    """Seconds per train.py step at (batch, seq_len): the model, optimizer, shardings and
+    batches built from `config` as training builds them; batch s of the timed steps is
+    the pipeline's batch s, dropout keyed by s as in training."""
+    config = at_shape(config, batch, seq_len)
+    config_tools.check_config(config)
+    t = config.train
+    with jax.default_prng_impl(t.get("prng_impl", "threefry2x32")):
+        dataset = builders.build_dataset(config)
+        mesh = shd.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+        shd.check_batch_divides(batch // t.grad_accum, mesh,
+                                "speed train_batch / train.grad_accum")
+        repl, batch_sh = shd.replicated(mesh), shd.batch_sharding(mesh)
+        make_model = builders.model_factory(builders.build_model_config(config, dataset),
+                                            t.seed)
+        graphdef, template, _, names, logical, shapes = model_state.describe(make_model)
+        p_sh = shd.param_shardings(logical, shapes, mesh)
+        params, rest = model_state.init_sharded(make_model, p_sh, repl)
+        tx, _ = optim.make_optimizer(t, params, logical)
+        o_sh = optax.tree_map_params(tx, lambda _, s: s, jax.eval_shape(tx.init, params),
+                                     p_sh, transform_non_params=lambda _: repl,
+                                     is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
+        opt_state = jax.jit(tx.init, out_shardings=o_sh)(params)
+        parts = model_state.ModelParts(graphdef, template, rest, names, logical, shapes)
+        step = jax.jit(train_steps.make_train_step(parts, tx, t.grad_accum, mesh),
+                       in_shardings=(p_sh, o_sh, batch_sh, repl),
+                       out_shardings=(p_sh, o_sh, repl), donate_argnums=(0, 1))
+        batches = [shd.global_batch(dataset.batch(s, batch), batch_sh)
+                   for s in range(steps + 1)]
+        base_key = jax.random.key(int(t.seed))
+        keys = [jax.random.fold_in(base_key, s) for s in range(steps + 1)]
+        compiled = step.lower(params, opt_state, batches[0], keys[0]).compile()
+        params, opt_state, m = jax.block_until_ready(
+            compiled(params, opt_state, batches[0], keys[0]))  # the warm-up step
+        t0 = time.perf_counter()
+        for s in range(1, steps + 1):
+            params, opt_state, m = compiled(params, opt_state, batches[s], keys[s])
+        jax.block_until_ready(m)
     step_s = (time.perf_counter() - t0) / steps
-    return {"step_s": step_s, "tokens_per_s": batch * seq_len / step_s, "loss": float(loss)}
+    return {"step_s": step_s, "tokens_per_s": batch * seq_len / step_s,
+            "loss": float(m["loss"])}
 
 
-def model_vocab(model: nnx.Module) -> int:
+def model_vocab(model) -> int:
     cfg = getattr(model, "cfg", None) or getattr(model, "config", None)
     if cfg is None or not hasattr(cfg, "vocab_size"):
         raise AttributeError("the model exposes no cfg.vocab_size")
     return int(cfg.vocab_size)
 
 
-def decode_time(model: nnx.Module, batch: int, context: int, new_tokens: int) -> dict[str, float]:
+def decode_time(model, batch: int, context: int, new_tokens: int) -> dict[str, float]:
     """Decode tokens/s after prefilling `context` random tokens, and the cache's bytes."""
     rng = np.random.default_rng(1)
     prompt = rng.integers(0, model_vocab(model), (batch, context)).astype(np.int32)
@@ -77,17 +91,21 @@ def decode_time(model: nnx.Module, batch: int, context: int, new_tokens: int) ->
             "prefill_s": out["prefill_s"], "state_bytes": out["state_bytes"]}
 
 
-def measure(model_cfg: Mapping[str, Any], *, train_lengths: Sequence[int] = (),
-            train_batch: int = 8, train_steps: int = 5, decode_contexts: Sequence[int] = (),
+def measure(config, *, train_lengths: Sequence[int] = (), train_batch: int = 8,
+            train_steps: int = 5, decode_contexts: Sequence[int] = (),
             decode_batch: int = 1, decode_tokens: int = 32, deadline: float | None = None,
             log=print) -> dict[str, Any]:
-    """Train and decode throughput of one model; `{train: {T: ...}, decode: {ctx: ...}}`.
+    """Train and decode throughput of the model of a train.py config;
+    `{params, state_size, train: {T: ...}, decode: {ctx: ...}}`.
 
     Lengths past `deadline` (a time.time() value) are skipped and marked so.
     """
-    model = build_model(model_cfg)
-    out: dict[str, Any] = {"params": count_params(model), "state_size": int(model.state_size()),
-                           "train": {}, "decode": {}}
+    model_cfg = builders.build_model_config(config, builders.build_dataset(config))
+    make_model = builders.model_factory(model_cfg, config.train.seed)
+    *_, shapes = model_state.describe(make_model)
+    model = make_model()
+    out: dict[str, Any] = {"params": model_state.num_params(shapes),
+                           "state_size": int(model.state_size()), "train": {}, "decode": {}}
     # decode first: the decode-state comparison is the headline of the speed task
     jobs = [("decode", c) for c in decode_contexts] + [("train", t) for t in train_lengths]
     for kind, n in jobs:
@@ -96,11 +114,12 @@ def measure(model_cfg: Mapping[str, Any], *, train_lengths: Sequence[int] = (),
             continue
         try:
             if kind == "train":
-                cell = train_step_time(model, train_batch, n, train_steps)
+                cell = train_step_time(config, train_batch, n, train_steps)
             else:
                 cell = decode_time(model, decode_batch, n, decode_tokens)
         except Exception as e:  # noqa: BLE001 (an OOM at one length must not lose the rest)
-            cell = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}"}
+            first = str(e).splitlines()[0][:200] if str(e) else ""
+            cell = {"error": f"{type(e).__name__}: {first}"}
         out[kind][str(n)] = cell
         log(f"  {kind} T={n}: {cell}")
     return out

@@ -7,10 +7,10 @@
 # are snapshotted into $OUT every 15 s, so whatever finished comes back even when the
 # command runs out of time.
 #
-#   bash eval/h200_sweeps.sh "GPU NAME CONFIG SOFT HARD [eval.compare flags...] ; NAME ..." ...
+#   bash sweeps/h200_sweeps.sh "GPU NAME CONFIG SOFT HARD [sweeps.run flags...] ; NAME ..." ...
 # A stage "wait FILE SOFT HARD" holds its lane until FILE exists (e.g. a benchmark that
 # needs the GPU alone has finished) or SOFT seconds have passed.
-#   bash eval/h200_sweeps.sh \
+#   bash sweeps/h200_sweeps.sh \
 #     "0 shakespeare configs/compare_shakespeare.py 480 540 --shard=0/2 --config.overrides.data.files=runs/data/input.txt" \
 #     "1 shakespeare configs/compare_shakespeare.py 480 540 --shard=1/2 --config.overrides.data.files=runs/data/input.txt"
 #
@@ -72,7 +72,7 @@ run_lane() {  # $1 = lane number, $2 = "GPU stage ; stage ; ..."
     local s=$(( soft > now ? soft - now : 1 ))
     echo "=== $(date -u +%T) lane $n gpu $gpu stage $name: $config soft ${s}s hard $((hard - now))s $extra" | tee -a "$log"
     # shellcheck disable=SC2086  # $extra is a list of flags
-    timeout -s TERM -k 10 $(( hard - now )) python3 -m eval.compare --config="$config" \
+    timeout -s TERM -k 10 $(( hard - now )) python3 -m sweeps.run --config="$config" \
       --workdir="$W/$name" --max_wall_s="$s" --runner=inprocess $extra 2>&1 |
       tr '\r' '\n' | grep -v -E '^\s*$|it/s\]$|s/run' >>"$log"
     echo "=== $(date -u +%T) lane $n stage $name ended (exit ${PIPESTATUS[0]})" | tee -a "$log"

@@ -1,8 +1,8 @@
 """Collect finished comparison sweeps into docs/: one results.json and the plots.
 
-    python -m eval.publish --sweeps=DIR [--docs=docs] [--device_file=DIR/device.txt]
+    python -m sweeps.publish --sweeps=DIR [--docs=docs] [--device_file=DIR/device.txt]
 
-DIR holds one sweep directory per name (what eval/h200_sweeps.sh writes); each has a
+DIR holds one sweep directory per name (what sweeps/h200_sweeps.sh writes); each has a
 results.jsonl, results.md and PNG plots. Writes DOCS/results.json ({"device", "sweeps":
 {name: {"records": [...], "tables_md": "..."}}}) and copies every plot to
 DOCS/results_<sweep>_<plot>.png, which docs/results.md shows.
@@ -18,7 +18,7 @@ import shutil
 def incomplete_runs(sweep_dir: str) -> list[dict]:
     """Runs that were stopped before their done.json: what their training log says
     (loss curve, best validation loss so far, last step, training tokens/s)."""
-    from eval.compare import read_train_log
+    from sweeps.tasks import read_train_log
 
     out = []
     for run in sorted(os.listdir(sweep_dir)):
@@ -76,12 +76,14 @@ def collect(sweeps_dir: str, docs_dir: str, device_file: str | None = None) -> d
             plots.append(name)
         out["sweeps"][sweep] = {"records": records, "tables_md": md, "plots": plots,
                                 "incomplete": incomplete}
-    speed = [r for s in out["sweeps"].values() for r in s["records"] if r.get("task") == "speed"]
+    speed = [r for s in out["sweeps"].values() for r in s["records"]
+             if r.get("task") == "speed"]
     if speed:  # the decode and train halves in one figure
         from eval import plots as plotting
-        from eval.compare import speed_series
+        from sweeps.outputs import speed_series
 
-        plotting.speed_plot(speed_series(speed), os.path.join(docs_dir, "results_speed.png"))
+        plotting.speed_plot(speed_series(speed),
+                            os.path.join(docs_dir, "results_speed.png"))
         out["speed_plot"] = "results_speed.png"
     tmp = os.path.join(docs_dir, "results.json.tmp")
     with open(tmp, "w") as f:
@@ -105,5 +107,6 @@ if __name__ == "__main__":
 
     flags.DEFINE_string("sweeps", None, "Directory of sweep directories.", required=True)
     flags.DEFINE_string("docs", "docs", "Where results.json and the plots go.")
-    flags.DEFINE_string("device_file", None, "A text file describing the machine (optional).")
+    flags.DEFINE_string("device_file", None,
+                        "A text file describing the machine (optional).")
     app.run(main)

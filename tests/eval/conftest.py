@@ -1,9 +1,8 @@
 """Tiny trained workdirs shared by the eval tests (trained once per session, in-process).
 
 `text_run`: a 1-layer gated_deltanet byte-level LM trained a few dozen steps on a small
-generated ASCII corpus (no download, no ../shared). `mqar_sweep`: the tiny MQAR grid of
-configs/compare_mqar.py:tiny restricted to softmax (two learning rates), trained through
-eval.compare; its run directories double as MQAR-trained workdirs.
+generated ASCII corpus (no download, no ../shared). `mqar_run`: one run of the tiny MQAR
+grid of configs/compare_mqar.py:tiny (softmax, lr 3e-2, a few steps).
 """
 import importlib.util
 import pathlib
@@ -24,7 +23,8 @@ def corpus_text(n_lines: int = 600, seed: int = 0) -> str:
 
 
 def load_compare_config(name: str, arg: str = "") -> dict:
-    spec = importlib.util.spec_from_file_location(f"_cmp_{name}", ROOT / "configs" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(f"_cmp_{name}",
+                                                  ROOT / "configs" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod.get_config(arg).to_dict()
@@ -32,7 +32,7 @@ def load_compare_config(name: str, arg: str = "") -> dict:
 
 @pytest.fixture(scope="session")
 def text_run(tmp_path_factory):
-    from eval import compare
+    from sweeps import runner
 
     d = tmp_path_factory.mktemp("text_run")
     corpus = d / "corpus.txt"
@@ -46,20 +46,18 @@ def text_run(tmp_path_factory):
         "train.steps": 30, "train.batch_size": 8, "train.lr": 1e-2, "train.warmup_steps": 5,
         "train.eval_every": 0, "train.eval_batches": 2, "train.checkpoint_every": 0,
         "train.log_every": 20, "logging.wandb": "disabled", "logging.progress": False}}
-    compare.train_inprocess(cfg, run, str(workdir))
+    runner.train_inprocess(cfg, run, str(workdir))
     return workdir
 
 
 @pytest.fixture(scope="session")
-def mqar_sweep(tmp_path_factory):
-    """(config, workdir, records, seconds) of the tiny MQAR sweep, softmax runs only."""
-    import time
-
-    from eval import compare
+def mqar_run(tmp_path_factory):
+    """The workdir of compare_mqar:tiny's softmax run at lr 3e-2, trained in-process."""
+    from sweeps import grid, runner
 
     cfg = load_compare_config("compare_mqar", "tiny")
-    cfg["runner"] = "inprocess"
-    workdir = tmp_path_factory.mktemp("mqar_sweep")
-    t0 = time.time()
-    records = compare.sweep(cfg, str(workdir), only="softmax", progress=False)
-    return cfg, workdir, records, time.time() - t0
+    (run,) = [r for r in grid.expand_grid(cfg)
+              if r["name"].endswith("softmax__d16__lr0.03__s0")]
+    workdir = tmp_path_factory.mktemp("mqar_run") / run["name"]
+    runner.train_inprocess(cfg, run, str(workdir))
+    return workdir

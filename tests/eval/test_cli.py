@@ -144,13 +144,12 @@ def test_decode_state_bytes_constant_for_gated_deltanet_grow_for_softmax():
     assert sizes["softmax"][1] - sizes["softmax"][0] == 8 * 2 * 16 * 4
 
 
-def test_mqar_recall_equals_direct_computation(mqar_sweep):
+def test_mqar_recall_equals_direct_computation(mqar_run):
     from data import mqar
     from eval import recall
     from training.checkpoint import load_for_eval
 
-    _, workdir, records, _ = mqar_sweep
-    run_dir = os.path.join(workdir, records[-1]["run"])
+    run_dir = str(mqar_run)
     r = recall.run(run_dir, "mqar", seq_lens=(16, 32), num_examples=24, batch_size=8)
     assert [(c["seq_len"], c["kv_pairs"]) for c in r["cells"]] == [(16, 4), (32, 4), (32, 8)]
     model, config, dataset, _ = load_for_eval(run_dir)

@@ -1,7 +1,7 @@
-"""eval.compare on the tiny MQAR grid: outputs written, best lr right, reruns skip.
+"""sweeps on the tiny MQAR grid: outputs written, best lr right, reruns skip.
 
 The sweep itself (two softmax runs, lr 1e-3 and 3e-2, a few steps each) is the
-session fixture `mqar_sweep` in conftest.py.
+session fixture `mqar_sweep` in tests/sweeps/conftest.py.
 """
 import json
 import os
@@ -65,13 +65,13 @@ def test_best_lr_in_table_is_the_best_record(mqar_sweep):
 
 
 def test_second_invocation_skips_finished_runs(mqar_sweep):
-    from eval import compare
+    from sweeps import runner
 
     cfg, workdir, records, first_s = mqar_sweep
     before = {r["run"]: (os.path.getmtime(workdir / r["run"] / "done.json"),
                          os.path.getmtime(workdir / r["run"] / "metrics.jsonl")) for r in records}
     t0 = time.time()
-    again = compare.sweep(cfg, str(workdir), only="softmax", progress=False)
+    again = runner.sweep(cfg, str(workdir), only="softmax", progress=False)
     assert time.time() - t0 < first_s / 2  # only the tables and plots are rewritten
     assert [r["run"] for r in again] == list(before)
     for name, (done_t, metrics_t) in before.items():  # nothing trained or evaluated again
@@ -83,25 +83,25 @@ def test_shards_split_the_grid_and_share_the_tables(mqar_sweep, tmp_path):
     """--shard=i/n runs grid entries i, i+n, ...; the tables cover every finished run."""
     import shutil
 
-    from eval import compare
+    from sweeps import grid, runner
 
     cfg, workdir, records, _ = mqar_sweep
     wd = tmp_path / "sharded"
     shutil.copytree(workdir, wd)
     first, second = (r["run"] for r in records)
     shutil.rmtree(wd / first)  # entry 0 unfinished, entry 1 finished
-    done = compare.sweep(cfg, str(wd), only="softmax", shard="1/2", progress=False)
+    done = runner.sweep(cfg, str(wd), only="softmax", shard="1/2", progress=False)
     assert [r["run"] for r in done] == [second] and not (wd / first).exists()
-    done = compare.sweep(cfg, str(wd), only="softmax", shard="0/2", progress=False)
+    done = runner.sweep(cfg, str(wd), only="softmax", shard="0/2", progress=False)
     assert [r["run"] for r in done] == [first, second]
     lines = (wd / "results.jsonl").read_text().splitlines()
     (wd / "results.jsonl").unlink()
-    again = compare.sweep(cfg, str(wd), only="softmax", report_only=True, progress=False)
+    again = runner.sweep(cfg, str(wd), only="softmax", report_only=True, progress=False)
     assert [r["run"] for r in again] == [first, second]
     assert (wd / "results.jsonl").read_text().splitlines() == lines
     for bad in ("2/2", "1", "a/b", "-1/2"):
         with pytest.raises(ValueError, match="shard"):
-            compare.parse_shard(bad)
+            grid.parse_shard(bad)
 
 
 def test_only_filters_what_runs_not_what_the_tables_show(mqar_sweep, tmp_path):
@@ -109,12 +109,12 @@ def test_only_filters_what_runs_not_what_the_tables_show(mqar_sweep, tmp_path):
     every finished run (e.g. ones an earlier --only invocation ran)."""
     import shutil
 
-    from eval import compare
+    from sweeps import runner
 
     cfg, workdir, records, _ = mqar_sweep
     wd = tmp_path / "only"
     shutil.copytree(workdir, wd)
-    got = compare.sweep(cfg, str(wd), only="softmax__d16__lr0.03", progress=False)
+    got = runner.sweep(cfg, str(wd), only="softmax__d16__lr0.03", progress=False)
     assert [r["run"] for r in got] == [r["run"] for r in records]   # nothing new ran
     lines = [json.loads(x)["run"] for x in (wd / "results.jsonl").read_text().splitlines()]
     assert lines == [r["run"] for r in records]
@@ -122,14 +122,14 @@ def test_only_filters_what_runs_not_what_the_tables_show(mqar_sweep, tmp_path):
 
 
 def test_grid_expansion_of_the_full_configs():
-    from eval import compare
+    from sweeps import grid
 
-    mq = compare.expand_grid(load_compare_config("compare_mqar"))
+    mq = grid.expand_grid(load_compare_config("compare_mqar"))
     assert len(mq) == 4 * 9 * 3 * 4  # settings x mixers x widths x lrs
     r = next(r for r in mq if r["name"] == "T512_kv64__gated_deltanet__d256__lr0.01__s0")
     assert r["overrides"]["data.seq_len"] == 512 and r["overrides"]["data.num_kv_pairs"] == 64
     assert r["overrides"]["model.d_model"] == 256 and r["overrides"]["train.lr"] == 0.01
-    sh = compare.expand_grid(load_compare_config("compare_shakespeare"))
+    sh = grid.expand_grid(load_compare_config("compare_shakespeare"))
     soft = sh[0]["overrides"]
     assert (soft["model.num_layers"], soft["model.num_heads"], soft["model.d_model"],
             soft["data.seq_len"], soft["train.batch_size"], soft["model.dropout"],
@@ -139,20 +139,20 @@ def test_grid_expansion_of_the_full_configs():
 
 
 def test_unknown_task_is_named():
-    from eval import compare
+    from sweeps import grid
 
     with pytest.raises(ValueError, match="task='bogus'"):
-        compare.expand_grid({"task": "bogus"})
+        grid.expand_grid({"task": "bogus"})
 
 
 @pytest.mark.slow
 def test_tiny_niah_and_speed_sweeps(tmp_path):
     """The other two tasks end to end: NIAH heatmaps per mixer, speed table and plot."""
-    from eval import compare
+    from sweeps import runner
 
     cfg = load_compare_config("compare_niah", "tiny")
     cfg["runner"] = "inprocess"
-    recs = compare.sweep(cfg, str(tmp_path / "niah"), progress=False)
+    recs = runner.sweep(cfg, str(tmp_path / "niah"), progress=False)
     assert [r["mixer"] for r in recs] == ["softmax", "gated_deltanet"]
     for r in recs:
         cells = r["metrics"]["grid"]["cells"]
@@ -161,7 +161,7 @@ def test_tiny_niah_and_speed_sweeps(tmp_path):
         assert r["metrics"]["exact"] == pytest.approx(np.mean([c["exact"] for c in cells]))
         assert (tmp_path / "niah" / f"niah_{r['mixer']}_d32.png").is_file()
     cfg = load_compare_config("compare_speed", "tiny")
-    recs = compare.sweep(cfg, str(tmp_path / "speed"), progress=False)
+    recs = runner.sweep(cfg, str(tmp_path / "speed"), progress=False)
     by = {r["mixer"]: r["metrics"]["decode"] for r in recs}
     assert by["gated_deltanet"]["16"]["state_bytes"] == by["gated_deltanet"]["64"]["state_bytes"]
     assert by["softmax"]["64"]["state_bytes"] > by["softmax"]["16"]["state_bytes"]
@@ -173,7 +173,7 @@ def test_only_takes_comma_separated_alternatives(mqar_sweep, tmp_path):
     """--only=a,b runs the grid entries whose name contains a or b, and no others."""
     import shutil
 
-    from eval import compare
+    from sweeps import runner
 
     cfg, workdir, records, _ = mqar_sweep
     wd = tmp_path / "only"
@@ -181,7 +181,7 @@ def test_only_takes_comma_separated_alternatives(mqar_sweep, tmp_path):
     first, second = (r["run"] for r in records)
     shutil.rmtree(wd / first)
     shutil.rmtree(wd / second)
-    done = compare.sweep(cfg, str(wd), only=f"no-such-run,{second}", progress=False)
+    done = runner.sweep(cfg, str(wd), only=f"no-such-run,{second}", progress=False)
     assert [r["run"] for r in done] == [second] and not (wd / first).exists()
 
 
@@ -189,7 +189,8 @@ def test_a_failed_speed_length_is_retried_without_stopping_the_sweep(tmp_path, m
     """A length that raises (an OOM, say) leaves its run partial (shown, partial.json, no
     done.json) while the sweep goes on to the next run; the next invocation measures that
     run again and, with the failure gone, finishes it."""
-    from eval import compare, speed
+    from eval import speed
+    from sweeps import runner
 
     cfg = load_compare_config("compare_speed", "tiny")
     real = speed.decode_time
@@ -201,7 +202,7 @@ def test_a_failed_speed_length_is_retried_without_stopping_the_sweep(tmp_path, m
 
     monkeypatch.setattr(speed, "decode_time", oom_at_64)
     wd = tmp_path / "speed"
-    recs = compare.sweep(cfg, str(wd), progress=False)
+    recs = runner.sweep(cfg, str(wd), progress=False)
     assert [r["mixer"] for r in recs] == ["softmax", "gated_deltanet"]   # both attempted
     for r in recs:
         assert "decode 64 failed (RuntimeError)" in r["partial"]
@@ -210,7 +211,7 @@ def test_a_failed_speed_length_is_retried_without_stopping_the_sweep(tmp_path, m
         assert not (wd / r["run"] / "done.json").exists()
     assert "Failed or incomplete runs" in (wd / "results.md").read_text()
     monkeypatch.setattr(speed, "decode_time", real)
-    recs = compare.sweep(cfg, str(wd), progress=False)
+    recs = runner.sweep(cfg, str(wd), progress=False)
     for r in recs:
         assert not r.get("partial") and "tokens_per_s" in r["metrics"]["decode"]["64"]
         assert (wd / r["run"] / "done.json").is_file()

@@ -1,0 +1,58 @@
+"""Architecture comparison sweep: train and evaluate a grid of runs, then tables and plots.
+
+    python -m sweeps.run --config=configs/compare_mqar.py --workdir=runs/compare_mqar
+    python -m sweeps.run --config=configs/compare_mqar.py:tiny --workdir=/tmp/cmp  # CPU
+
+The grid is the product of the config's `settings x mixers x sizes x lrs x seeds`
+(sweeps.grid); each run trains through train.py and is measured (sweeps.runner,
+sweeps.tasks). A second invocation skips runs with `done.json`, so a killed sweep
+carries on where it stopped; `results.jsonl`, `results.md` (tables at the best lr per
+setting, mixer and size) and the PNG plots are rewritten after every run
+(sweeps.outputs). The `speed` task trains nothing: it times each mixer's train.py step
+and decoding in-process (eval.speed).
+"""
+from __future__ import annotations
+
+import os
+
+from eval import common
+
+
+@common.user_errors
+def main(argv):
+    del argv
+    from absl import flags
+
+    from sweeps import runner
+    from training import config_tools
+
+    f = flags.FLAGS
+    cfg = config_tools.to_plain(f.config)
+    if f.runner:
+        cfg["runner"] = f.runner
+    records = runner.sweep(cfg, f.workdir, max_wall_s=f.max_wall_s, only=f.only,
+                           shard=f.shard, report_only=f.report_only)
+    common.print_json({"workdir": f.workdir, "finished_runs": len(records),
+                       "results": os.path.join(f.workdir, "results.md")})
+
+
+if __name__ == "__main__":
+    from absl import app, flags
+    from ml_collections import config_flags
+
+    config_flags.DEFINE_config_file("config", None,
+                                    "Sweep config, e.g. configs/compare_mqar.py[:tiny].")
+    flags.DEFINE_string("workdir", None,
+                        "Directory of the sweep (one subdirectory per run).", required=True)
+    flags.DEFINE_float("max_wall_s", 0.0,
+                       "Start no new run after this many seconds (0: no limit).")
+    flags.DEFINE_string("only", "", "Run only grid entries whose name contains this string "
+                        "(or any of several, comma-separated).")
+    flags.DEFINE_string("shard", "0/1", "i/n: run grid entries i, i+n, ... (n processes "
+                        "sharing one sweep directory).")
+    flags.DEFINE_bool("report_only", False, "Run nothing; rebuild the tables and plots.")
+    flags.DEFINE_enum("runner", None, ["subprocess", "inprocess"],
+                      "How to train each run (default: the config's `runner`, else "
+                      "subprocess).")
+    flags.mark_flags_as_required(["config"])
+    app.run(main)
