@@ -23,7 +23,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from kernels.pallas import common, tiles
-from kernels.pallas.plan import Config, sequential_params
+from kernels.pallas.plan import Config, dims, sequential_params
 
 GRADS_STAGES = 1  # the gradient kernel reads each tile once: nothing to pipeline
 
@@ -74,7 +74,8 @@ def _grads_kernel(*refs, has_w, has_g, u_saved, block_cols):
         cols = pl.ds(j * block_cols, block_cols)
         sc, dsc = h_ref[:, cols], dh_ref[:, cols]
         doc = do_ref[:, cols].astype(dt)
-        uc = ut_ref[:, cols] if u_saved else tiles.chunk_values(ut_ref[:, cols], w, sc, prec)
+        uc = (ut_ref[:, cols] if u_saved
+              else tiles.chunk_values(ut_ref[:, cols], w, sc, prec))
         dqg += mm(doc, sc, tb=True, precision=prec)
         dp += mm(doc, uc, tb=True, precision=prec)
         dkd += mm(uc, dsc, tb=True, precision=prec)
@@ -109,13 +110,10 @@ def backward(w, ut, q, k, p, gcl, gam, h, do, dst, cfg: Config, u=None):
     the input dtype and the decay chain applied."""
     u_saved = u is not None
     ut = u if u_saved else ut
-    b, tp, nh, kdim = q.shape
-    bh = b * nh
-    vdim = ut.shape[-1]
     c, bv = cfg.chunk, cfg.block_v
-    n = tp // c
+    b, tp, nh, kdim, vdim, n, has_w, has_g = dims(w, ut, q, gam, c)
+    bh = b * nh
     dt = ut.dtype
-    has_w, has_g = w is not None, gam is not None
     lead = ([w] if has_w else []) + [ut, q, k, p, gcl] + ([gam] if has_g else [])
 
     seq = common.sequence_specs(nh, tp, n)

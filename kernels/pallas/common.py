@@ -171,7 +171,8 @@ def sequence_specs(h: int, tp: int, num_chunks: int) -> SequenceSpecs:
                                            lambda bi, hi, j: (row(bi, hi), 0, j)),
         chunk_scalars=pl.BlockSpec((None, num_chunks, 1, 1),
                                    lambda bi, hi, j: (row(bi, hi), 0, 0, 0)),
-        state=lambda k, bv: pl.BlockSpec((None, k, bv), lambda bi, hi, j: (row(bi, hi), 0, j)),
+        state=lambda k, bv: pl.BlockSpec((None, k, bv),
+                                         lambda bi, hi, j: (row(bi, hi), 0, j)),
         states=lambda k, bv: pl.BlockSpec((None, num_chunks, k, bv),
                                           lambda bi, hi, j: (row(bi, hi), 0, 0, j)))
 

@@ -22,7 +22,7 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from kernels.pallas import common, tiles
-from kernels.pallas.plan import Config, sequential_params
+from kernels.pallas.plan import Config, dims, sequential_params
 
 
 def _loop_kernel(*refs, has_w, has_g, chunk, num_chunks):
@@ -45,17 +45,15 @@ def _loop_kernel(*refs, has_w, has_g, chunk, num_chunks):
 def forward(w, ut, q, k, p, gcl, gam, s0, cfg: Config):
     """(O (B, Tp, H, V) in cfg.out_dtype, final state (BH, K, V) float32) by one
     sequential kernel; arguments as recurrence.chunk_recurrence."""
-    b, tp, h, kdim = q.shape
-    vdim = ut.shape[-1]
     c, bv = cfg.chunk, cfg.block_v
-    n = tp // c
-    has_w, has_g = w is not None, gam is not None
+    b, tp, h, kdim, vdim, n, has_w, has_g = dims(w, ut, q, gam, c)
     spec = common.sequence_specs(h, tp, n)
     args = ([w] if has_w else []) + [ut, q, k, p, gcl] + ([gam] if has_g else []) + [s0]
     return pl.pallas_call(
         functools.partial(_loop_kernel, has_w=has_w, has_g=has_g, chunk=c, num_chunks=n),
         grid=(b, h, vdim // bv),
-        in_specs=common.recurrence_in_specs(spec, has_w, has_g, kdim, bv, c) + [spec.state(kdim, bv)],
+        in_specs=(common.recurrence_in_specs(spec, has_w, has_g, kdim, bv, c)
+                  + [spec.state(kdim, bv)]),
         out_specs=[spec.token_block(bv), spec.state(kdim, bv)],
         out_shape=[jax.ShapeDtypeStruct((b, tp, h, vdim), jnp.dtype(cfg.out_dtype)),
                    jax.ShapeDtypeStruct((b * h, kdim, vdim), jnp.float32)],
@@ -110,12 +108,9 @@ def forward_saving(w, ut, q, k, p, gcl, gam, s0, cfg: Config):
     """forward's (O, final state) and what the backward reads: the chunk-start states
     (BH, N, K, V) in the input dtype and U = Ut - W S (BH, Tp, V), or None for linear
     attention (U = Ut); by a state pass and an output pass."""
-    b, tp, nh, kdim = q.shape
-    vdim = ut.shape[-1]
     c, bv = cfg.chunk, cfg.block_v
-    n = tp // c
+    b, tp, nh, kdim, vdim, n, has_w, has_g = dims(w, ut, q, gam, c)
     dt = ut.dtype
-    has_w, has_g = w is not None, gam is not None
     seq = common.sequence_specs(nh, tp, n)
     out_specs = [seq.state(kdim, bv), seq.states(kdim, bv)]
     out_shape = [jax.ShapeDtypeStruct((b * nh, kdim, vdim), jnp.float32),

@@ -18,6 +18,24 @@ class Config(NamedTuple):
     tuning: Tuning
 
 
+class Dims(NamedTuple):
+    """The sizes of one recurrence call: batch, padded time, heads, key and value dims,
+    chunks; whether it has W (the delta rule) and G (a decay)."""
+    b: int
+    tp: int
+    h: int
+    kdim: int
+    vdim: int
+    n: int
+    has_w: bool
+    has_g: bool
+
+
+def dims(w, ut, q, gam, chunk: int) -> Dims:
+    b, tp, h, kdim = q.shape
+    return Dims(b, tp, h, kdim, ut.shape[-1], tp // chunk, w is not None, gam is not None)
+
+
 def block_v(kdim: int, vdim: int, variant: str, programs: int, tuning: Tuning) -> int:
     """Value columns per GPU program. The state slice (K x BV float32) stays in registers;
     the sequential loop runs one program per (batch*head, value block), so with few heads

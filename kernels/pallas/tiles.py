@@ -67,7 +67,8 @@ def state_step(s, ut, w, k, gam, gcl, prec):
     """One chunk of the state recurrence: (S in the input dtype, U, S'); s float32."""
     sc = s.astype(ut.dtype)
     uc = chunk_values(ut, w, sc, prec)
-    return sc, uc, jnp.exp(gcl) * s + mm(k_decayed(k, gam, gcl), uc, ta=True, precision=prec)
+    carried = jnp.exp(gcl) * s
+    return sc, uc, carried + mm(k_decayed(k, gam, gcl), uc, ta=True, precision=prec)
 
 
 def fwd_chunk(s, w, ut, q, k, p, gcl, gam):

@@ -13,7 +13,7 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from kernels.pallas import common, tiles
-from kernels.pallas.plan import Config
+from kernels.pallas.plan import Config, dims
 
 
 def _layout(q, k, gam, chunk):
@@ -66,12 +66,9 @@ def _fwd_kernel(*refs, has_w, has_g, save):
 def forward(w, ut, q, k, p, gcl, gam, s0, cfg: Config, save: bool):
     """(O (B, Tp, H, V), final state), and with save the chunk-start states
     (BH, N, K, V) in the input dtype; arguments as recurrence.chunk_recurrence."""
-    b, tp, h, kdim = q.shape
-    bh = b * h
-    vdim = ut.shape[-1]
     c = cfg.chunk
-    n = tp // c
-    has_w, has_g = w is not None, gam is not None
+    b, tp, h, kdim, vdim, n, has_w, has_g = dims(w, ut, q, gam, c)
+    bh = b * h
     out_shapes = [jax.ShapeDtypeStruct((bh, tp, vdim), jnp.dtype(cfg.out_dtype)),
                   jax.ShapeDtypeStruct((bh, kdim, vdim), jnp.float32)]
     if save:
@@ -85,7 +82,8 @@ def forward(w, ut, q, k, p, gcl, gam, s0, cfg: Config, save: bool):
         out_specs.append(pl.BlockSpec((None, None, kdim, vdim), lambda i, j: (i, j, 0, 0)))
     o, *rest = pl.pallas_call(
         functools.partial(_fwd_kernel, has_w=has_w, has_g=has_g, save=save),
-        grid=(bh, n), in_specs=_in_specs(has_w, has_g, kdim, vdim, c, lambda j: j) + [sspec],
+        grid=(bh, n),
+        in_specs=_in_specs(has_w, has_g, kdim, vdim, c, lambda j: j) + [sspec],
         out_specs=out_specs, out_shape=out_shapes,
         scratch_shapes=[common.pltpu.VMEM((kdim, vdim), jnp.float32)],
         interpret=common.interpret(), compiler_params=common.compiler_params("tpu"),
@@ -126,12 +124,9 @@ def _bwd_kernel(*refs, has_w, has_g):
 def _backward_kernel_call(w, ut, q, k, p, gcl, gam, h, do, dst, cfg: Config):
     """(dw | None, dut, dqg, dkd, dp, dgcl, ds0) with dqg, dkd chunk-major (B*H, Tp, K),
     before the decay chain; do chunk-major (B*H, Tp, V)."""
-    b, tp, nh, kdim = q.shape
-    bh = b * nh
-    vdim = ut.shape[-1]
     c = cfg.chunk
-    n = tp // c
-    has_w, has_g = w is not None, gam is not None
+    b, tp, nh, kdim, vdim, n, has_w, has_g = dims(w, ut, q, gam, c)
+    bh = b * nh
     f32 = jnp.float32
     out_shapes = [jax.ShapeDtypeStruct((bh, tp, vdim), f32)]
     if has_w:

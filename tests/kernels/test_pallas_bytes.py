@@ -3,7 +3,6 @@
 compute the same numbers. Tracing only (make_jaxpr) except where values are compared.
 """
 import numpy as np
-import pytest
 
 import jax
 import jax.numpy as jnp

@@ -57,7 +57,8 @@ def prep_vjp(args, cts, dtype=jnp.float32):
     g, beta = jnp.asarray(g), jnp.asarray(beta)
     big_g = prep.in_chunk_cumsum(g, C)
     inverse = gdn_prep(q, k, v, big_g, beta, chunk=C, tuning=DEFAULT_TUNING)[-1]
-    dw, dut, dp, dgcl = (jnp.asarray(c, d) for c, d in zip(cts, (dtype,) * 3 + (jnp.float32,)))
+    dtypes = (dtype, dtype, dtype, jnp.float32)
+    dw, dut, dp, dgcl = (jnp.asarray(c, d) for c, d in zip(cts, dtypes))
     dq, dk, dv, dbig_g, dbeta = gdn_prep_bwd(q, k, v, big_g, beta, inverse, dw, dut, dp,
                                              dgcl, chunk=C, tuning=DEFAULT_TUNING)
     return dq, dk, dv, prep.in_chunk_cumsum(dbig_g, C, reverse=True), dbeta
