@@ -1,8 +1,8 @@
 """Zoology's MQAR grid: accuracy per mixer, setting and width; recall against state size.
 
-    python -m eval.compare --config=configs/compare_mqar.py --workdir=runs/compare_mqar
-    python -m eval.compare --config=configs/compare_mqar.py:reduced ...  # a few GPU runs
-    python -m eval.compare --config=configs/compare_mqar.py:tiny ...     # CPU check
+    python -m sweeps.run --config=configs/compare_mqar.py --workdir=runs/compare_mqar
+    python -m sweeps.run --config=configs/compare_mqar.py:reduced ...  # a few GPU runs
+    python -m sweeps.run --config=configs/compare_mqar.py:tiny ...     # CPU check
 
 (seq len, kv pairs) in {(64,4), (128,8), (256,16), (512,64)}, d_model in {64,128,256},
 2 layers without MLP, lr swept over logspace(-4,-2,4) (HazyResearch/zoology). Tables show

@@ -1,9 +1,9 @@
 """Needle in a haystack: 8-layer models trained at length 512 on text mixed with passkey
 and multi-key needles; exact match by depth x length for lengths 512..4096.
 
-    python -m eval.compare --config=configs/compare_niah.py --workdir=runs/cmp_niah \
+    python -m sweeps.run --config=configs/compare_niah.py --workdir=runs/cmp_niah \
         --config.overrides.data.files=path/to/tinyshakespeare/input.txt
-    python -m eval.compare --config=configs/compare_niah.py:tiny ...   # CPU check
+    python -m sweeps.run --config=configs/compare_niah.py:tiny ...   # CPU check
 
 The training runs use this same file as their train.py config (`:train`, or
 `:train_synthetic` for needles in random filler with no text file), built on

@@ -1,9 +1,9 @@
 """Character-level tiny-Shakespeare: nanoGPT's GPU recipe for softmax, then every mixer.
 
-    python -m eval.compare --config=configs/compare_shakespeare.py \
+    python -m sweeps.run --config=configs/compare_shakespeare.py \
         --workdir=runs/cmp_shakespeare \
         --config.overrides.data.files=path/to/tinyshakespeare/input.txt
-    python -m eval.compare --config=configs/compare_shakespeare.py:tiny \
+    python -m sweeps.run --config=configs/compare_shakespeare.py:tiny \
         --workdir=... --config.overrides.data.files=...   # CPU check
 
 nanoGPT `config/train_shakespeare_char.py`: 6 layers, 6 heads, 384 wide, context 256,

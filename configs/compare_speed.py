@@ -1,14 +1,17 @@
 """Speed: training tokens/s at T = 2,048 and 8,192, decode tokens/s and decode-state bytes
 against context length (1K..32K), for softmax (KV cache), gated_deltanet, based and the
-1-in-8 hybrid. Nothing is trained; each mixer is timed in-process (eval/speed.py) with
-random weights and tokens (speed does not depend on their values). Decode batch 64: at
+1-in-8 hybrid. Nothing is trained; each mixer is timed in-process (eval/speed.py): the
+train step train.py runs on batches of the data pipeline (configs/base.py's, the
+repository's Markdown as bytes unless `base_config` / `overrides` name other data; see
+sweeps/tasks.py), and decoding on random tokens, with random weights (speed does not
+depend on their values). Decode batch 64: at
 32K the softmax KV cache is 64 x 32K x 8 layers x 2 x 1024 bf16 = 69 GB, which a decode
 step must read; set XLA_PYTHON_CLIENT_MEM_FRACTION=0.95 on a 141 GB H200.
 
-    python -m eval.compare --config=configs/compare_speed.py --workdir=runs/cmp_speed
-    python -m eval.compare --config=configs/compare_speed.py:decode ...  # decode half
-    python -m eval.compare --config=configs/compare_speed.py:train ...   # training half
-    python -m eval.compare --config=configs/compare_speed.py:tiny ...    # CPU check
+    python -m sweeps.run --config=configs/compare_speed.py --workdir=runs/cmp_speed
+    python -m sweeps.run --config=configs/compare_speed.py:decode ...  # decode half
+    python -m sweeps.run --config=configs/compare_speed.py:train ...   # training half
+    python -m sweeps.run --config=configs/compare_speed.py:tiny ...    # CPU check
 """
 import ml_collections
 

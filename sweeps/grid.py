@@ -116,10 +116,5 @@ def training_config(base_config: str, overrides: Mapping[str, Any]):
 
     config = config_tools.load_config_file(str(ROOT / base_config))
     config_tools.check_overrides(config, {k: flag_value(v) for k, v in overrides.items()})
-    for key, value in overrides.items():
-        *path, leaf = key.split(".")
-        node = config
-        for part in path:
-            node = node[part]
-        node[leaf] = value
+    config_tools.set_values(config, overrides)
     return config
