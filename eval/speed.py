@@ -32,40 +32,50 @@ def at_shape(config, batch: int, seq_len: int):
     return config
 
 
+def jitted_train_step(config, dataset):
+    """(the jitted train step, params, optimizer state, batch sharding) of a train.py
+    config, built as training builds them: training.step.make_train_step over the
+    config's model, optimizer and mesh, explicit shardings in and out, parameters and
+    optimizer state donated."""
+    t = config.train
+    mesh = shd.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+    shd.check_batch_divides(t.batch_size // t.grad_accum, mesh,
+                            "speed train_batch / train.grad_accum")
+    repl, batch_sh = shd.replicated(mesh), shd.batch_sharding(mesh)
+    model_cfg = builders.build_model_config(config, dataset)
+    make_model = builders.model_factory(model_cfg, t.seed)
+    graphdef, template, _, names, logical, shapes = model_state.describe(make_model)
+    p_sh = shd.param_shardings(logical, shapes, mesh)
+    params, rest = model_state.init_sharded(make_model, p_sh, repl)
+    tx, _ = optim.make_optimizer(t, params, logical)
+    o_sh = optax.tree_map_params(tx, lambda _, s: s, jax.eval_shape(tx.init, params), p_sh,
+                                 transform_non_params=lambda _: repl,
+                                 is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
+    opt_state = jax.jit(tx.init, out_shardings=o_sh)(params)
+    parts = model_state.ModelParts(graphdef, template, rest, names, logical, shapes)
+    step = jax.jit(train_steps.make_train_step(parts, tx, t.grad_accum, mesh),
+                   in_shardings=(p_sh, o_sh, batch_sh, repl),
+                   out_shardings=(p_sh, o_sh, repl), donate_argnums=(0, 1))
+    return step, params, opt_state, batch_sh
+
+
 def train_step_time(config, batch: int, seq_len: int, steps: int = 5) -> dict[str, float]:
-    """Seconds per train.py step at (batch, seq_len): the model, optimizer, shardings and
-    batches built from `config` as training builds them; batch s of the timed steps is
-    the pipeline's batch s, dropout keyed by s as in training."""
+    """Seconds per train.py step at (batch, seq_len) of a train.py config. The step of
+    timed call s takes the pipeline's batch s and dropout key fold_in(seed, s), as step s
+    of a training run does; call 0 is the warm-up."""
     config = at_shape(config, batch, seq_len)
     config_tools.check_config(config)
     t = config.train
     with jax.default_prng_impl(t.get("prng_impl", "threefry2x32")):
         dataset = builders.build_dataset(config)
-        mesh = shd.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
-        shd.check_batch_divides(batch // t.grad_accum, mesh,
-                                "speed train_batch / train.grad_accum")
-        repl, batch_sh = shd.replicated(mesh), shd.batch_sharding(mesh)
-        make_model = builders.model_factory(builders.build_model_config(config, dataset),
-                                            t.seed)
-        graphdef, template, _, names, logical, shapes = model_state.describe(make_model)
-        p_sh = shd.param_shardings(logical, shapes, mesh)
-        params, rest = model_state.init_sharded(make_model, p_sh, repl)
-        tx, _ = optim.make_optimizer(t, params, logical)
-        o_sh = optax.tree_map_params(tx, lambda _, s: s, jax.eval_shape(tx.init, params),
-                                     p_sh, transform_non_params=lambda _: repl,
-                                     is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
-        opt_state = jax.jit(tx.init, out_shardings=o_sh)(params)
-        parts = model_state.ModelParts(graphdef, template, rest, names, logical, shapes)
-        step = jax.jit(train_steps.make_train_step(parts, tx, t.grad_accum, mesh),
-                       in_shardings=(p_sh, o_sh, batch_sh, repl),
-                       out_shardings=(p_sh, o_sh, repl), donate_argnums=(0, 1))
+        step, params, opt_state, batch_sh = jitted_train_step(config, dataset)
         batches = [shd.global_batch(dataset.batch(s, batch), batch_sh)
                    for s in range(steps + 1)]
         base_key = jax.random.key(int(t.seed))
         keys = [jax.random.fold_in(base_key, s) for s in range(steps + 1)]
         compiled = step.lower(params, opt_state, batches[0], keys[0]).compile()
         params, opt_state, m = jax.block_until_ready(
-            compiled(params, opt_state, batches[0], keys[0]))  # the warm-up step
+            compiled(params, opt_state, batches[0], keys[0]))
         t0 = time.perf_counter()
         for s in range(1, steps + 1):
             params, opt_state, m = compiled(params, opt_state, batches[s], keys[s])

@@ -104,35 +104,33 @@ def state_size_at(model, seq_len: int) -> int:
         return int(model.state_size())
 
 
-def speed_overrides(cfg: Mapping, run: Mapping) -> dict[str, Any]:
-    """The train.py overrides a speed run is timed at: the sweep's `model` section (a
-    ModelConfig dict) as model.* keys under the run's own overrides; where the base
-    config's source is files and no file is named, SPEED_TEXT as bytes, and a model
-    vocabulary smaller than the bytes' widened to theirs (every byte must be a token)."""
+def speed_config(cfg: Mapping, run: Mapping):
+    """The train.py config a speed run is timed at: `base_config` (SPEED_BASE_CONFIG if
+    none) with the sweep's `model` section (a ModelConfig dict) as model.* keys under the
+    run's own overrides. Where its source is files and no file is named: SPEED_TEXT as
+    bytes, and a model vocabulary smaller than the bytes' widened to theirs (every byte
+    must be a token)."""
     from data.tokenizers import ByteTokenizer
+    from training import config_tools
 
     overrides = {f"model.{k}": v for k, v in grid.flatten(cfg.get("model")).items()}
     overrides.update(run["overrides"])
-    base = grid.training_config(cfg.get("base_config") or SPEED_BASE_CONFIG, {})
-
-    def value(key):
-        return overrides.get(key, cfg_get(base, key))
-
-    if value("data.source") == "files" and not value("data.files"):
-        overrides.update({"data.files": str(grid.ROOT / SPEED_TEXT),
-                          "data.tokenizer": "byte"})
-        overrides.setdefault("data.eod", False)
-        if 0 < (value("model.vocab_size") or 0) < ByteTokenizer.vocab_size:
-            overrides["model.vocab_size"] = 0  # 0: the dataset's
-    return overrides
+    config = grid.training_config(cfg.get("base_config") or SPEED_BASE_CONFIG, overrides)
+    if cfg_get(config, "data.source") == "files" and not cfg_get(config, "data.files"):
+        text = {"data.files": str(grid.ROOT / SPEED_TEXT), "data.tokenizer": "byte"}
+        if cfg_get(config, "data.eod") is None:
+            text["data.eod"] = False
+        if 0 < config.model.vocab_size < ByteTokenizer.vocab_size:
+            text["model.vocab_size"] = 0  # 0: the dataset's
+        config_tools.set_values(config, text)
+    return config
 
 
 def run_speed(cfg: Mapping, run: Mapping, deadline: float | None, log) -> dict[str, Any]:
     """Times one mixer (eval.speed) at the sweep's lengths; nothing is trained."""
     from eval import speed
 
-    overrides = speed_overrides(cfg, run)
-    config = grid.training_config(cfg.get("base_config") or SPEED_BASE_CONFIG, overrides)
+    config = speed_config(cfg, run)
     s = dict(cfg.get("speed") or {})
     m = speed.measure(config, train_lengths=s.get("train_lengths", ()),
                       train_batch=s.get("train_batch", 8),
