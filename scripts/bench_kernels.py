@@ -2,30 +2,30 @@
 chunk forms, cuDNN flash attention and (when torch + fla import) flash-linear-attention.
 
     python scripts/bench_kernels.py [--out docs] [--shapes 8x2048,2x8192,1x32768]
+    python scripts/bench_kernels.py --tuning seq_stages=2,wu_warps=4 [--chunk 32]
+    python scripts/bench_kernels.py --variant w4:wu_warps=4 --variant s2:seq_stages=2
 
 Times forward, forward+backward and a one-token decode step (median of many device-
 synchronised runs after warm-up); prints ms, tokens/s, the memory floor (bytes moved over
 the copy bandwidth measured in the same job) and the ratio to the anchor (fla forward for
-"fwd", cuDNN for "fwd+bwd", fla fused recurrent for "decode"); times the GDN backward
-with both preparation backwards side by side ("pallas": the Pallas kernel, the default;
-"pallas-xbwd": XLA's autodiff of the preparation; --skip xbwd to leave it out) and with
-the other setting of gdn.FUSED_VJP ("pallas-fvjp1" / "pallas-fvjp0"; --skip fvjp) and of
-recurrence.SPLIT_FWD ("pallas-split-always": fwd split without a gradient;
-"pallas-split-never": fwd+bwd with a one-loop forward; --skip split) and of
-intra.PREP_KERNELS ("pallas-prepN": the preparation as N kernels, for each N other
-than the default; --skip prep) and
-with the state pass as a two-level scan ("pallas-seg8": recurrence.SEQ_SEGMENTS = 8;
---segments) and at other chunk sizes ("pallas-c128": --chunks 128); times fla twice,
-with triton's do_bench (the anchor) and from a CUDA graph ("fla-graph": its device time
-without host launch gaps; --skip flagraph); checks
-the bf16 Pallas outputs against the float32 chunk form; records peak memory of fwd+bwd at
-the longest shape. Writes <out>/benchmarks.json and <out>/benchmarks.md.
+"fwd", cuDNN for "fwd+bwd", fla fused recurrent for "decode"). The Pallas rows run at one
+kernels.pallas.Tuning, DEFAULT_TUNING with the fields --tuning names replaced (the string
+profile_kernels --tune-seq writes as best_seq.tuning), and one chunk size (--chunk); the
+run records both (its kernel settings). Rows beside them, each timed in the same job:
+"pallas-NAME" at the run's Tuning with the fields of --variant NAME:key=value,... replaced;
+"pallas-cN" at chunk size N (--chunks); "pallas-bv64", the GDN forward with 64 value
+columns per program where the adaptive split chooses fewer (--skip bv64); "pallas-xlaprep",
+GDN with the XLA chunk preparation (--xlaprep); fla twice, with triton's do_bench (the
+anchor) and from a CUDA graph ("fla-graph": its device time without host launch gaps;
+--skip flagraph). Checks the bf16 Pallas outputs against the float32 chunk form; records
+peak memory of fwd+bwd at the longest shape. Writes <out>/benchmarks.json and
+<out>/benchmarks.md.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
-import importlib
 import json
 import os
 import pathlib
@@ -39,58 +39,62 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
 
 import kernels.pallas as kp  # noqa: E402
 from kernels import ops  # noqa: E402
+from kernels.pallas import DEFAULT_TUNING, Tuning  # noqa: E402
 
+# Heads and head dim of every benchmark shape (--heads / --dim change them for smoke
+# tests), and the batch of the decode step.
 H, D = 16, 128
 DECODE_B = 64
-# Chunk size of our chunkwise ops (read when traced; BENCH_CHUNK, or --chunks for rows
-# "pallas-cN" beside the default): fla's chunk_gated_delta_rule uses 64.
-CHUNK = int(os.environ.get("BENCH_CHUNK", "64"))
-
-# The switches and tunables of the GPU programs that the environment sets: key ->
-# (module of kernels.pallas, or "bench" for this script; attribute; environment
-# variable). Every run records their values (settings()); profile_kernels --tune-seq
-# varies them and writes the fastest as these variables.
-KNOBS = {"prep_bwd": ("gdn", "PREP_BWD", "KERNELS_GDN_PREP_BWD"),
-         "fused_vjp": ("gdn", "FUSED_VJP", "KERNELS_GDN_FUSED_VJP"),
-         "seq_warps": ("recurrence", "SEQ_WARPS", "KERNELS_PALLAS_SEQ_WARPS"),
-         "seq_stages": ("recurrence", "SEQ_STAGES", "KERNELS_PALLAS_SEQ_STAGES"),
-         "seq_programs": ("recurrence", "SEQ_PROGRAMS", "KERNELS_PALLAS_SEQ_PROGRAMS"),
-         "split_fwd": ("recurrence", "SPLIT_FWD", "KERNELS_PALLAS_SPLIT_FWD"),
-         "grads_warps": ("recurrence", "GRADS_WARPS", "KERNELS_PALLAS_GRADS_WARPS"),
-         "output_warps": ("recurrence", "OUTPUT_WARPS", "KERNELS_PALLAS_OUTPUT_WARPS"),
-         "prep_warps": ("intra", "NUM_WARPS", "KERNELS_PALLAS_PREP_WARPS"),
-         "prep_kernels": ("intra", "PREP_KERNELS", "KERNELS_PALLAS_PREP_KERNELS"),
-         "seq_segments": ("recurrence", "SEQ_SEGMENTS", "KERNELS_PALLAS_SEQ_SEGMENTS"),
-         "seg_stages": ("recurrence", "SEG_STAGES", "KERNELS_PALLAS_SEG_STAGES"),
-         "prep_bwd_warps": ("intra_bwd", "NUM_WARPS", "KERNELS_PALLAS_PREP_BWD_WARPS"),
-         "chunk": ("bench", "CHUNK", "BENCH_CHUNK"),
-         "solve_warps": ("intra_split", "SOLVE_WARPS", "KERNELS_PALLAS_SOLVE_WARPS"),
-         "diag_inverse": ("intra", "DIAG_INVERSE", "KERNELS_PALLAS_DIAG_INVERSE"),
-         "kkt_solve_warps": ("intra_split", "KKT_SOLVE_WARPS",
-                             "KERNELS_PALLAS_KKT_SOLVE_WARPS"),
-         "solve_precision": ("intra", "SOLVE_PRECISION", "KERNELS_PALLAS_SOLVE_PRECISION"),
-         "wu_warps": ("intra_split", "WU_WARPS", "KERNELS_PALLAS_WU_WARPS")}
+# Chunk size of our chunkwise ops (--chunk; --chunks adds rows "pallas-cN" beside it):
+# fla's chunk_gated_delta_rule uses 64.
+CHUNK = 64
+# --skip names: the row groups that can be left out.
+SKIPPABLE = ("pallas", "chunk", "bv64", "cudnn", "fla", "flagraph")
 
 
-def knob(key):
-    """(module, attribute) of KNOBS[key]."""
-    name, attr, _ = KNOBS[key]
-    module = (sys.modules[__name__] if name == "bench"
-              else importlib.import_module(f"kernels.pallas.{name}"))
-    return module, attr
+# ----------------------------------------------------------------------------- settings
+
+def parse_tuning(spec: str, base: Tuning = DEFAULT_TUNING) -> Tuning:
+    """base with the fields that spec ("key=value,...") names replaced: integers in
+    digits, block_v=none for None, solve_precision by name; "" gives base. Tuning checks
+    the values."""
+    names = [f.name for f in dataclasses.fields(Tuning)]
+    overrides = {}
+    for item in filter(None, (s.strip() for s in spec.split(","))):
+        key, sep, value = (s.strip() for s in item.partition("="))
+        if not sep or key not in names:
+            raise ValueError(f"tuning {item!r}: not key=value with a key of "
+                             f"kernels.pallas.Tuning ({', '.join(names)})")
+        overrides[key] = (None if value.lower() == "none"
+                          else int(value) if value.lstrip("-").isdigit() else value)
+    return dataclasses.replace(base, **overrides)
 
 
-def settings():
-    """The current value of every knob (seq_warps 0 as "auto": its automatic choice),
-    and MIN_BLOCK_V, which no variable sets: what a run records it timed with."""
-    from kernels.pallas import recurrence
-    values = {key: getattr(*knob(key)) for key in KNOBS}
-    values["seq_warps"] = values["seq_warps"] or "auto"
-    return {**values, "min_block_v": recurrence.MIN_BLOCK_V}
+def tuning_spec(tuning: Tuning, base: Tuning | None = None) -> str:
+    """tuning as parse_tuning reads it: every field (so the string selects the same
+    Tuning whatever the defaults are then), or with base only those that differ from
+    base's ("" for none)."""
+    others = {} if base is None else dataclasses.asdict(base)
+    return ",".join(f"{k}={'none' if v is None else v}"
+                    for k, v in dataclasses.asdict(tuning).items()
+                    if k not in others or others[k] != v)
+
+
+def parse_variant(spec: str, base: Tuning) -> tuple[str, Tuning]:
+    """--variant NAME:key=value,... -> (row name "pallas-NAME", base with those fields)."""
+    name, sep, fields = spec.partition(":")
+    if not sep or not re.fullmatch(r"\w[\w.-]*", name):
+        raise ValueError(f"variant {spec!r}: not NAME:key=value,... (NAME of letters, "
+                         "digits, '_', '.', '-')")
+    return f"pallas-{name}", parse_tuning(fields, base)
+
+
+def run_settings(tuning: Tuning, chunk: int) -> dict:
+    """What a row was timed with: every field of its Tuning, and the chunk size."""
+    return {**dataclasses.asdict(tuning), "chunk": chunk}
 
 
 # ----------------------------------------------------------------------------- timing
@@ -135,103 +139,99 @@ def copy_bandwidth():
 
 # ----------------------------------------------------------------------------- inputs
 
-def gdn_inputs(key, b, t, dtype=jnp.bfloat16):
+def gdn_inputs(key, b, t, dtype=jnp.bfloat16, h=H, d=D):
     """As fla benchmarks them: g = logsigmoid(randn), beta = sigmoid(rand), L2-normalised
     q and k."""
     kq, kk, kv, kg, kb = jax.random.split(key, 5)
     norm = lambda x: x / jnp.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
-    q = norm(jax.random.normal(kq, (b, t, H, D), jnp.float32)).astype(dtype)
-    k = norm(jax.random.normal(kk, (b, t, H, D), jnp.float32)).astype(dtype)
-    v = jax.random.normal(kv, (b, t, H, D), jnp.float32).astype(dtype)
-    g = jax.nn.log_sigmoid(jax.random.normal(kg, (b, t, H), jnp.float32))
-    beta = jax.nn.sigmoid(jax.random.uniform(kb, (b, t, H), jnp.float32))
+    q = norm(jax.random.normal(kq, (b, t, h, d), jnp.float32)).astype(dtype)
+    k = norm(jax.random.normal(kk, (b, t, h, d), jnp.float32)).astype(dtype)
+    v = jax.random.normal(kv, (b, t, h, d), jnp.float32).astype(dtype)
+    g = jax.nn.log_sigmoid(jax.random.normal(kg, (b, t, h), jnp.float32))
+    beta = jax.nn.sigmoid(jax.random.uniform(kb, (b, t, h), jnp.float32))
     return q, k, v, g, beta
 
 
-def decode_inputs(key=None):
-    """One decoding step's q, k, v, log_alpha, beta and float32 state, B64 (DECODE_B) H D."""
+def decode_inputs(key=None, h=H, d=D):
+    """One decoding step's q, k, v, log_alpha, beta and float32 state, (DECODE_B, h, d)."""
     ks = jax.random.split(jax.random.PRNGKey(7) if key is None else key, 6)
-    shape = (DECODE_B, H, D)
+    shape = (DECODE_B, h, d)
     q = jax.random.normal(ks[0], shape, jnp.bfloat16)
     k = jax.random.normal(ks[1], shape, jnp.float32)
     k = (k / jnp.linalg.norm(k, axis=-1, keepdims=True)).astype(jnp.bfloat16)
     v = jax.random.normal(ks[2], shape, jnp.bfloat16)
     g = jax.nn.log_sigmoid(jax.random.normal(ks[3], shape[:2]))
     beta = jax.nn.sigmoid(jax.random.uniform(ks[4], shape[:2]))
-    state = jax.random.normal(ks[5], shape + (D,), jnp.float32)
+    state = jax.random.normal(ks[5], shape + (d,), jnp.float32)
     return q, k, v, g, beta, state
 
 
-def la_inputs(key, b, t, dtype=jnp.bfloat16):
+def la_inputs(key, b, t, dtype=jnp.bfloat16, h=H, d=D):
     """Positive features (a feature map's output), normalised so sums stay O(1)."""
     kq, kk, kv = jax.random.split(key, 3)
-    q = jax.nn.softmax(jax.random.normal(kq, (b, t, H, D), jnp.float32), -1).astype(dtype)
-    k = jax.nn.softmax(jax.random.normal(kk, (b, t, H, D), jnp.float32), -1).astype(dtype)
-    v = jax.random.normal(kv, (b, t, H, D), jnp.float32).astype(dtype)
+    q = jax.nn.softmax(jax.random.normal(kq, (b, t, h, d), jnp.float32), -1).astype(dtype)
+    k = jax.nn.softmax(jax.random.normal(kk, (b, t, h, d), jnp.float32), -1).astype(dtype)
+    v = jax.random.normal(kv, (b, t, h, d), jnp.float32).astype(dtype)
     return q, k, v
 
 
 # ----------------------------------------------------------------------------- our ops
 
-def gdn_fn(impl):
+def gdn_fn(impl, tuning: Tuning = DEFAULT_TUNING, chunk: int = CHUNK):
+    """The GDN forward of impl: "pallas" at tuning, "pallas-xlaprep" (Pallas recurrence,
+    XLA chunk preparation), "pallas-bv64" (tuning with 64 value columns per sequential
+    program), or a kernels.ops impl ("chunk", ...)."""
     def f(q, k, v, g, beta):
         if impl == "pallas":
-            return kp.gated_delta_rule(q, k, v, g, beta, chunk_size=CHUNK)
-        if impl == "pallas-xlaprep":   # Pallas recurrence, XLA chunk preparation
-            return kp.gated_delta_rule(q, k, v, g, beta, chunk_size=CHUNK, fused_prep=False)
-        if impl == "pallas-bv64":      # the recurrence with 64 value columns per program
-            return kp.gated_delta_rule(q, k, v, g, beta, chunk_size=CHUNK, block_v_cols=64)
-        return ops.gated_delta_rule(q, k, v, g, beta, impl=impl, chunk_size=CHUNK)
+            return kp.gated_delta_rule(q, k, v, g, beta, chunk_size=chunk, tuning=tuning)
+        if impl == "pallas-xlaprep":
+            return kp.gated_delta_rule(q, k, v, g, beta, chunk_size=chunk, fused_prep=False,
+                                       tuning=tuning)
+        if impl == "pallas-bv64":
+            return kp.gated_delta_rule(q, k, v, g, beta, chunk_size=chunk,
+                                       tuning=dataclasses.replace(tuning, block_v=64))
+        return ops.gated_delta_rule(q, k, v, g, beta, impl=impl, chunk_size=chunk)
     return f
 
 
-def la_fn(impl):
+def la_fn(impl, tuning: Tuning = DEFAULT_TUNING, chunk: int = CHUNK):
+    """The normalised linear-attention forward of impl: "pallas" at tuning, or a
+    kernels.ops impl."""
     def f(q, k, v):
         if impl == "pallas":
-            return kp.linear_attention(q, k, v, normalize=True, chunk_size=CHUNK)
-        return ops.linear_attention(q, k, v, normalize=True, impl=impl, chunk_size=CHUNK)
+            return kp.linear_attention(q, k, v, normalize=True, chunk_size=chunk,
+                                       tuning=tuning)
+        return ops.linear_attention(q, k, v, normalize=True, impl=impl, chunk_size=chunk)
     return f
-
-
-def with_setting(f, module, name, value):
-    """f with module.name = value while it runs (so while jit traces it: the kernels read
-    their tunables when traced)."""
-    def g(*args):
-        saved = getattr(module, name)
-        setattr(module, name, value)
-        try:
-            return f(*args)
-        finally:
-            setattr(module, name, saved)
-    return g
 
 
 def cudnn_fn(q, k, v):
     return jax.nn.dot_product_attention(q, k, v, implementation="cudnn", is_causal=True)
 
 
-def fwd_bwd(f, ndiff, prep_bwd=None):
+def fwd_bwd(f, ndiff):
     """jit of f's outputs and its VJP w.r.t. its first ndiff arguments with a fixed
     cotangent: a training step's work. (Returning the outputs matters: without them XLA
     drops whatever computes only O, e.g. the split forward's output pass, and the time
-    would not be what a model pays.)
-    prep_bwd: the GDN preparation's backward ("xla" | "pallas"), chosen while tracing
-    (it is read when the backward is traced, so it must hold beyond f's own call)."""
-    from kernels.pallas import gdn
-
+    would not be what a model pays.)"""
     def run(*args):
         out, pull = jax.vjp(lambda *d: f(*d, *args[ndiff:-1]), *args[:ndiff])
         return out, pull(args[-1])
-    # the setting must hold while the backward is traced too: around all of run
-    return jax.jit(with_setting(run, gdn, "PREP_BWD", prep_bwd) if prep_bwd else run)
+    return jax.jit(run)
 
 
-def breakdown(q, k, v, g, beta):
-    """Where the GDN forward goes: the chunk preparation (Pallas one-pass vs XLA) alone."""
-    from kernels.pallas import gdn
-    c = CHUNK
-    for name, fn in (("prep_pallas", gdn.prep_pallas), ("prep_xla", gdn.prep_xla)):
-        s = time_jax(jax.jit(lambda *a: fn(*a, c)), q, k, v, g, beta)
+def breakdown(q, k, v, g, beta, tuning: Tuning, chunk: int):
+    """Where the GDN forward goes: the chunk preparation (the two Pallas kernels vs XLA)
+    alone."""
+    from kernels.pallas import gdn, prep
+    from kernels.pallas.gdn_prep import gdn_prep
+
+    def prep_pallas(q, k, v, g, beta):
+        return gdn_prep(q, k, v, prep.in_chunk_cumsum(g, chunk), beta, chunk=chunk,
+                        tuning=tuning, with_inverse=False)
+    for name, fn in (("prep_pallas", prep_pallas),
+                     ("prep_xla", lambda *a: gdn.prep_xla(*a, chunk))):
+        s = time_jax(jax.jit(fn), q, k, v, g, beta)
         print(f"# breakdown {name} {q.shape}: {s * 1e3:.3f} ms", flush=True)
 
 
@@ -253,34 +253,36 @@ def fla_module():
         return None, None
 
 
-def fla_gdn_inputs(torch, b, t):
+def fla_gdn_inputs(torch, b, t, h=H, d=D):
     """fla's gated-delta-rule inputs on the GPU, as gdn_inputs makes ours: unit q and k,
     bf16 q k v, float32 log-decays (logsigmoid) and beta in (0.5, 0.73)."""
     dev = "cuda"
-    q = torch.nn.functional.normalize(torch.randn(b, t, H, D, device=dev), dim=-1).bfloat16()
-    k = torch.nn.functional.normalize(torch.randn(b, t, H, D, device=dev), dim=-1).bfloat16()
-    v = torch.randn(b, t, H, D, device=dev).bfloat16()
-    g = torch.nn.functional.logsigmoid(torch.randn(b, t, H, device=dev)).float()
-    beta = torch.rand(b, t, H, device=dev).sigmoid().float()
+    unit = lambda x: torch.nn.functional.normalize(x, dim=-1).bfloat16()  # noqa: E731
+    q = unit(torch.randn(b, t, h, d, device=dev))
+    k = unit(torch.randn(b, t, h, d, device=dev))
+    v = torch.randn(b, t, h, d, device=dev).bfloat16()
+    g = torch.nn.functional.logsigmoid(torch.randn(b, t, h, device=dev)).float()
+    beta = torch.rand(b, t, h, device=dev).sigmoid().float()
     return q, k, v, g, beta
 
 
-def fla_rows(torch, fops, b, t, graph=False):
+def fla_rows(torch, fops, b, t, graph=False, h=H, d=D):
     out = {}
     dev = "cuda"
-    q, k, v, g, beta = fla_gdn_inputs(torch, b, t)
+    q, k, v, g, beta = fla_gdn_inputs(torch, b, t, h, d)
     with torch.no_grad():
-        out["gdn"] = time_torch(lambda: fops.chunk_gated_delta_rule(q, k, v, g, beta), graph)
-        qa, ka = (torch.softmax(torch.randn(b, t, H, D, device=dev), -1).bfloat16()
+        out["gdn"] = time_torch(lambda: fops.chunk_gated_delta_rule(q, k, v, g, beta),
+                                graph)
+        qa, ka = (torch.softmax(torch.randn(b, t, h, d, device=dev), -1).bfloat16()
                   for _ in range(2))
-        out["linear"] = time_torch(lambda: fops.chunk_linear_attn(qa, ka, v, normalize=True),
-                                   graph)
+        out["linear"] = time_torch(
+            lambda: fops.chunk_linear_attn(qa, ka, v, normalize=True), graph)
     return out
 
 
-def fla_decode(torch, fops):
-    q, k, v, g, beta = fla_gdn_inputs(torch, DECODE_B, 1)
-    s = torch.randn(DECODE_B, H, D, D, device="cuda").float()
+def fla_decode(torch, fops, h=H, d=D):
+    q, k, v, g, beta = fla_gdn_inputs(torch, DECODE_B, 1, h, d)
+    s = torch.randn(DECODE_B, h, d, d, device="cuda").float()
     with torch.no_grad():
         return time_torch(lambda: fops.fused_recurrent_gated_delta_rule(
             q, k, v, g, beta=beta, initial_state=s, output_final_state=True))
@@ -288,43 +290,72 @@ def fla_decode(torch, fops):
 
 # ----------------------------------------------------------------------------- main
 
-def main():
-    global H, D
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--out", default=str(pathlib.Path(__file__).resolve().parents[1] / "docs"))
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--out",
+                    default=str(pathlib.Path(__file__).resolve().parents[1] / "docs"))
     ap.add_argument("--shapes", default="8x2048,2x8192,1x32768")
-    ap.add_argument("--skip", default="", help="comma list of impls to skip (chunk, fla, ...)")
+    ap.add_argument("--skip", default="",
+                    help=f"comma list of row groups to skip ({', '.join(SKIPPABLE)})")
     ap.add_argument("--chunk-shapes", default="",
-                    help="time the pure-JAX chunk forms only at these shapes (default: all)")
+                    help="time the pure-JAX chunk forms only at these shapes "
+                         "(default: all)")
     ap.add_argument("--xlaprep", action="store_true",
                     help="also time GDN with the XLA chunk preparation, and a breakdown")
-    ap.add_argument("--segments", default="8",
-                    help="comma list of recurrence.SEQ_SEGMENTS values (> 1) to time beside "
-                         "the default ('' for none)")
+    ap.add_argument("--tuning", default="", metavar="KEY=VALUE,...",
+                    help="the Pallas rows' kernels.pallas.Tuning: DEFAULT_TUNING with "
+                         "these fields replaced (e.g. seq_stages=2,block_v=none)")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME:KEY=VALUE,...",
+                    help="also time the Pallas ops at the run's Tuning with these fields "
+                         "replaced, as rows 'pallas-NAME' (repeatable)")
+    ap.add_argument("--chunk", type=int, default=CHUNK,
+                    help=f"chunk size of our chunkwise ops ({CHUNK})")
     ap.add_argument("--chunks", default="",
-                    help="comma list of other chunk sizes to time beside CHUNK (rows "
+                    help="comma list of other chunk sizes to time beside --chunk (rows "
                          "'pallas-cN')")
     ap.add_argument("--budget-s", type=float, default=1e9,
                     help="skip the remaining timings after this many seconds (files are "
                          "still written)")
-    ap.add_argument("--heads", type=int, default=H, help="heads (16; smaller for smoke tests)")
+    ap.add_argument("--heads", type=int, default=H,
+                    help="heads (16; smaller for smoke tests)")
     ap.add_argument("--dim", type=int, default=D, help="head dim (128)")
     ap.add_argument("--from-log", nargs="+", metavar="LOG[@COMMIT]",
                     help="rebuild the outputs from the printed logs of earlier runs (one "
                          "run each; ratios only within a run) instead of measuring")
-    args = ap.parse_args()
-    H, D = args.heads, args.dim
+    args = ap.parse_args(argv)
+    args.skip = set(filter(None, args.skip.split(",")))
+    if args.skip - set(SKIPPABLE):
+        ap.error(f"--skip {','.join(sorted(args.skip - set(SKIPPABLE)))}: no such rows "
+                 f"(choices: {', '.join(SKIPPABLE)})")
+    try:
+        args.tuning = parse_tuning(args.tuning)
+        # (row name, Tuning, chunk size) of each side-by-side row group
+        args.side_rows = [(*parse_variant(spec, args.tuning), args.chunk)
+                          for spec in args.variant]
+    except (ValueError, TypeError) as e:
+        ap.error(str(e))
+    args.side_rows += [(f"pallas-c{c}", args.tuning, c)
+                       for c in (int(x) for x in args.chunks.split(",") if x)
+                       if c != args.chunk]
+    names = [name for name, _, _ in args.side_rows]
+    if len(set(names)) < len(names):
+        ap.error(f"--variant / --chunks: row names repeat ({', '.join(names)})")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    h, d = args.heads, args.dim
     if args.from_log:
-        runs = [parse_log(*(spec.split("@", 1) + [None])[:2], run=i + 1)
+        runs = [parse_log(*(spec.split("@", 1) + [None])[:2], run=i + 1, h=h, d=d)
                 for i, spec in enumerate(args.from_log)]
         write_outputs(pathlib.Path(args.out), runs)
         print(markdown(runs))
         return
+    tuning, chunk, skip = args.tuning, args.chunk, args.skip
     shapes = [tuple(int(x) for x in s.split("x")) for s in args.shapes.split(",")]
-    skip = set(filter(None, args.skip.split(",")))
-    args.segments = [int(x) for x in args.segments.split(",") if x]
-    args.chunks = [int(x) for x in args.chunks.split(",") if x and int(x) != CHUNK]
-    chunk_shapes = ({tuple(int(x) for x in s.split("x")) for s in args.chunk_shapes.split(",")}
+    chunk_shapes = ({tuple(int(x) for x in s.split("x"))
+                     for s in args.chunk_shapes.split(",")}
                     if args.chunk_shapes else set(shapes))
     start = time.perf_counter()
     dev = jax.devices()[0]
@@ -335,7 +366,7 @@ def main():
     records, notes = [], []
 
     def record(op, impl, pss, b, t, seconds, floor_bytes, extra=None):
-        rec = {"op": op, "impl": impl, "pass": pss, "B": b, "T": t, "H": H, "D": D,
+        rec = {"op": op, "impl": impl, "pass": pss, "B": b, "T": t, "H": h, "D": d,
                "ms": round(seconds * 1e3, 4), "device": device, "jax": jax.__version__,
                "date": date, "floor_ms": round(floor_bytes / bw * 1e3, 4)}
         if extra:
@@ -343,16 +374,23 @@ def main():
         records.append(rec)
         flush()
         print(f"{op:8s} {impl:16s} {pss:8s} B{b:<2d} T{t:<6d} {seconds * 1e3:9.3f} ms "
-              f"{b * t / seconds / 1e6:9.2f} Mtok/s  floor {rec['floor_ms']:.3f} ms", flush=True)
+              f"{b * t / seconds / 1e6:9.2f} Mtok/s  floor {rec['floor_ms']:.3f} ms",
+              flush=True)
 
-    from kernels.pallas import gdn as kp_gdn, intra as kp_intra, recurrence as kp_rec
-    run_settings = settings()
-    print(f"# kernel settings {run_settings}")
-    run_meta = {"run": 1, "commit": git_commit(), "settings": run_settings,
+    settings = run_settings(tuning, chunk)
+    print(f"# kernel settings {settings}")
+    # each side row group's settings where they differ from the run's
+    variants = {name: {k: v for k, v in run_settings(t_, c).items() if settings[k] != v}
+                for name, t_, c in args.side_rows}
+    for name, st in variants.items():
+        print(f"# variant {name} settings {st}")
+    run_meta = {"run": 1, "commit": git_commit(), "settings": settings,
                 "copy_bandwidth_TBps": None,
                 "peak_memory": {}, "accuracy_rel_rms": {}, "failures": notes,
                 "command": "python scripts/bench_kernels.py " + " ".join(sys.argv[1:]),
                 "records": records}
+    if variants:
+        run_meta["variants"] = variants
 
     def flush():
         """Write the outputs after every row, so a job cut short still leaves its data."""
@@ -378,11 +416,11 @@ def main():
         def peak(op=op):
             key = jax.random.PRNGKey(0)
             if op == "gdn":
-                xs = gdn_inputs(key, bmax, tmax)
-                f = fwd_bwd(gdn_fn("pallas"), 5)
+                xs = gdn_inputs(key, bmax, tmax, h=h, d=d)
+                f = fwd_bwd(gdn_fn("pallas", tuning, chunk), 5)
             else:
-                xs = la_inputs(key, bmax, tmax)
-                f = fwd_bwd(la_fn("pallas"), 3)
+                xs = la_inputs(key, bmax, tmax, h=h, d=d)
+                f = fwd_bwd(la_fn("pallas", tuning, chunk), 3)
             do = jnp.ones_like(xs[2])
             base = dev.memory_stats().get("peak_bytes_in_use", 0)
             jax.block_until_ready(f(*xs, do))
@@ -406,7 +444,7 @@ def main():
 
     checks = run_meta["accuracy_rel_rms"]
     # decode: one token, B64 H16 D128, float32 state
-    qd, kd_, vd, gd, bd, sd = decode_inputs()
+    qd, kd_, vd, gd, bd, sd = decode_inputs(h=h, d=d)
     dec_bytes = 2 * sd.nbytes
     xla_step = jax.jit(kp.gated_delta_step, donate_argnums=(5,))
 
@@ -428,25 +466,28 @@ def main():
         print(f"# decode pallas vs xla: {checks['decode_pallas_vs_xla']}")
     attempt("decode check", dec_check)
     if fops is not None:
-        s = attempt("fla decode", lambda: fla_decode(torch, fops))
+        s = attempt("fla decode", lambda: fla_decode(torch, fops, h, d))
         if s:
             record("gdn", "fla-fused-recurrent", "decode", DECODE_B, 1, s, dec_bytes)
 
     for b, t in shapes:
-        n_tok = b * t * H * D
+        n_tok = b * t * h * d
         fwd_bytes = 4 * n_tok * 2            # q, k, v read, o written (bf16)
         fb_bytes = 11 * n_tok * 2            # + do, q, k, v read; dq, dk, dv written
         key = jax.random.PRNGKey(b * t)
-        q, k, v, g, beta = gdn_inputs(key, b, t)
-        qa, ka, va = la_inputs(jax.random.fold_in(key, 1), b, t)
-        do = jax.random.normal(jax.random.fold_in(key, 2), v.shape, jnp.float32).astype(v.dtype)
-        def setting_rows(name, module, attr, value, cases):
-            """Rows `name` of the Pallas ops with module.attr = value while the forward is
-            traced (where the kernels read their switches; a backward follows the
-            forward's residuals), for cases [(op, pass)], beside the default rows."""
-            for op, pss in cases:
-                fn, xs = (gdn_fn, (q, k, v, g, beta)) if op == "gdn" else (la_fn, (qa, ka, va))
-                f = with_setting(fn("pallas"), module, attr, value)
+        q, k, v, g, beta = gdn_inputs(key, b, t, h=h, d=d)
+        qa, ka, va = la_inputs(jax.random.fold_in(key, 1), b, t, h=h, d=d)
+        do = jax.random.normal(jax.random.fold_in(key, 2), v.shape,
+                               jnp.float32).astype(v.dtype)
+
+        def time_side_rows(name, tuning_, chunk_):
+            """Rows `name`: both Pallas ops, fwd and fwd+bwd, at tuning_ and chunk_,
+            beside the run's own."""
+            for op, pss in (("gdn", "fwd"), ("gdn", "fwd+bwd"), ("linear", "fwd"),
+                            ("linear", "fwd+bwd")):
+                fn, xs = ((gdn_fn, (q, k, v, g, beta)) if op == "gdn"
+                          else (la_fn, (qa, ka, va)))
+                f = fn("pallas", tuning_, chunk_)
                 timed, xs = ((jax.jit(f), xs) if pss == "fwd"
                              else (fwd_bwd(f, len(xs)), (*xs, do)))
                 attempt(f"{op} {name} {pss} {b}x{t}", lambda: record(
@@ -458,52 +499,30 @@ def main():
                 continue
             if impl == "pallas-xlaprep" and not args.xlaprep:
                 continue
+            gdn_f, la_f = gdn_fn(impl, tuning, chunk), la_fn(impl, tuning, chunk)
             attempt(f"gdn {impl} fwd {b}x{t}", lambda: record(
-                "gdn", impl, "fwd", b, t, time_jax(jax.jit(gdn_fn(impl)), q, k, v, g, beta),
+                "gdn", impl, "fwd", b, t, time_jax(jax.jit(gdn_f), q, k, v, g, beta),
                 fwd_bytes))
             attempt(f"gdn {impl} fwd+bwd {b}x{t}", lambda: record(
                 "gdn", impl, "fwd+bwd", b, t,
-                time_jax(fwd_bwd(gdn_fn(impl), 5), q, k, v, g, beta, do), fb_bytes))
-            if impl == "pallas" and "fvjp" not in skip:  # the other FUSED_VJP setting
-                other = not kp_gdn.FUSED_VJP
-                setting_rows(f"pallas-fvjp{int(other)}", kp_gdn, "FUSED_VJP", other,
-                             [("gdn", "fwd+bwd")])
-            if impl == "pallas" and "split" not in skip:  # the other forward layouts
-                # (recurrence.SPLIT_FWD): split without a gradient, one loop with one
-                for mode, cases in (("always", [("gdn", "fwd")]), ("never", [("gdn", "fwd+bwd")]),
-                                    ("always", [("linear", "fwd")])):
-                    if mode != kp_rec.SPLIT_FWD:
-                        setting_rows(f"pallas-split-{mode}", kp_rec, "SPLIT_FWD", mode, cases)
-            for segs in (args.segments if impl == "pallas" else []):  # two-level scan
-                setting_rows(f"pallas-seg{segs}", kp_rec, "SEQ_SEGMENTS", segs,
-                             [("gdn", "fwd"), ("gdn", "fwd+bwd"), ("linear", "fwd")])
-            for c in (args.chunks if impl == "pallas" else []):  # other chunk sizes
-                setting_rows(f"pallas-c{c}", sys.modules[__name__], "CHUNK", c,
-                             [("gdn", "fwd"), ("gdn", "fwd+bwd"), ("linear", "fwd"),
-                              ("linear", "fwd+bwd")])
-            for n_prep in kp_intra.PREP_KERNELS_CHOICES:  # the preparation as n kernels
-                if impl == "pallas" and "prep" not in skip and n_prep != kp_intra.PREP_KERNELS:
-                    setting_rows(f"pallas-prep{n_prep}", kp_intra, "PREP_KERNELS", n_prep,
-                                 [("gdn", "fwd"), ("gdn", "fwd+bwd")])
-            if impl == "pallas" and "xbwd" not in skip:  # XLA's preparation backward
-                attempt(f"gdn pallas-xbwd fwd+bwd {b}x{t}", lambda: record(
-                    "gdn", "pallas-xbwd", "fwd+bwd", b, t,
-                    time_jax(fwd_bwd(gdn_fn("pallas"), 5, "xla"), q, k, v, g, beta, do),
-                    fb_bytes))
+                time_jax(fwd_bwd(gdn_f, 5), q, k, v, g, beta, do), fb_bytes))
+            for name, tuning_, chunk_ in (args.side_rows if impl == "pallas" else []):
+                time_side_rows(name, tuning_, chunk_)
             if impl == "pallas-xlaprep":
                 if b * t == 16384 and t == 8192:
-                    attempt("breakdown", lambda: breakdown(q, k, v, g, beta))
+                    attempt("breakdown", lambda: breakdown(q, k, v, g, beta, tuning, chunk))
                 continue
             attempt(f"linear {impl} fwd {b}x{t}", lambda: record(
-                "linear", impl, "fwd", b, t, time_jax(jax.jit(la_fn(impl)), qa, ka, va),
+                "linear", impl, "fwd", b, t, time_jax(jax.jit(la_f), qa, ka, va),
                 fwd_bytes))
             attempt(f"linear {impl} fwd+bwd {b}x{t}", lambda: record(
                 "linear", impl, "fwd+bwd", b, t,
-                time_jax(fwd_bwd(la_fn(impl), 3), qa, ka, va, do), fb_bytes))
-        if b * H < 64 and "bv64" not in skip:   # where the adaptive split differs
+                time_jax(fwd_bwd(la_f, 3), qa, ka, va, do), fb_bytes))
+        if b * h < 64 and "bv64" not in skip:   # where the adaptive split differs
             attempt(f"gdn pallas-bv64 fwd {b}x{t}", lambda: record(
                 "gdn", "pallas-bv64", "fwd", b, t,
-                time_jax(jax.jit(gdn_fn("pallas-bv64")), q, k, v, g, beta), fwd_bytes))
+                time_jax(jax.jit(gdn_fn("pallas-bv64", tuning, chunk)), q, k, v, g, beta),
+                fwd_bytes))
         if "cudnn" not in skip:
             attempt(f"cudnn fwd {b}x{t}", lambda: record(
                 "softmax", "cudnn", "fwd", b, t, time_jax(jax.jit(cudnn_fn), q, k, v),
@@ -512,30 +531,28 @@ def main():
                 "softmax", "cudnn", "fwd+bwd", b, t,
                 time_jax(fwd_bwd(cudnn_fn, 3), q, k, v, do), fb_bytes))
         if fops is not None:
-            res = attempt(f"fla {b}x{t}", lambda: fla_rows(torch, fops, b, t))
+            res = attempt(f"fla {b}x{t}", lambda: fla_rows(torch, fops, b, t, h=h, d=d))
             for op, s in (res or {}).items():
                 record(op, "fla", "fwd", b, t, s, fwd_bytes)
             if "flagraph" not in skip:   # fla's device time alone (not the anchor)
                 res = attempt(f"fla-graph {b}x{t}",
-                              lambda: fla_rows(torch, fops, b, t, graph=True))
+                              lambda: fla_rows(torch, fops, b, t, graph=True, h=h, d=d))
                 for op, s in (res or {}).items():
                     record(op, "fla-graph", "fwd", b, t, s, fwd_bytes)
 
         # accuracy: bf16 Pallas against the float32 chunk form on the same inputs
         def acc():
             f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
-            ref = jax.jit(gdn_fn("chunk"))(f32(q), f32(k), f32(v), g, beta)
-            got = jax.jit(gdn_fn("pallas"))(q, k, v, g, beta)
+            gdn_ref, gdn_got = gdn_fn("chunk", chunk=chunk), gdn_fn("pallas", tuning, chunk)
+            ref = jax.jit(gdn_ref)(f32(q), f32(k), f32(v), g, beta)
+            got = jax.jit(gdn_got)(q, k, v, g, beta)
             # the gradients (fwd_bwd also returns the outputs)
-            gref = fwd_bwd(gdn_fn("chunk"), 3)(f32(q), f32(k), f32(v), g, beta, f32(do))[1]
-            ggot = fwd_bwd(gdn_fn("pallas"), 3)(q, k, v, g, beta, do)[1]
-            gpb = fwd_bwd(gdn_fn("pallas"), 3, "xla")(q, k, v, g, beta, do)[1]
-            la_ref = jax.jit(la_fn("chunk"))(f32(qa), f32(ka), f32(va))
-            la_got = jax.jit(la_fn("pallas"))(qa, ka, va)
+            gref = fwd_bwd(gdn_ref, 3)(f32(q), f32(k), f32(v), g, beta, f32(do))[1]
+            ggot = fwd_bwd(gdn_got, 3)(q, k, v, g, beta, do)[1]
+            la_ref = jax.jit(la_fn("chunk", chunk=chunk))(f32(qa), f32(ka), f32(va))
+            la_got = jax.jit(la_fn("pallas", tuning, chunk))(qa, ka, va)
             c = {"gdn_o": rel_rms(got, ref), "linear_o": rel_rms(la_got, la_ref)}
             for name, a_, r_ in zip(("gdn_dq", "gdn_dk", "gdn_dv"), ggot, gref):
-                c[name] = rel_rms(a_, r_)
-            for name, a_, r_ in zip(("xbwd_dq", "xbwd_dk", "xbwd_dv"), gpb, gref):
                 c[name] = rel_rms(a_, r_)
             checks[f"{b}x{t}"] = c
             print(f"# rel RMS error bf16 pallas vs f32 chunk {b}x{t}: "
@@ -587,8 +604,9 @@ ROW = re.compile(r"^(\w+)\s+(\S+)\s+(fwd\+bwd|fwd|decode)\s+B(\d+)\s+T(\d+)\s+([
                  r".*floor ([\d.]+) ms")
 
 
-def parse_log(path, commit=None, run=None):
-    """One run's printed output -> the run's meta and records (what a live run writes)."""
+def parse_log(path, commit=None, run=None, h=H, d=D):
+    """One run's printed output -> the run's meta and records (what a live run writes);
+    h, d: the run's heads and head dim, which its rows do not print."""
     text = pathlib.Path(path).read_text()
     device = jax_version = date = None
     meta = {"run": run, "commit": commit, "copy_bandwidth_TBps": None, "peak_memory": {},
@@ -620,7 +638,7 @@ def parse_log(path, commit=None, run=None):
         elif m := ROW.match(line):
             op, impl, pss, b, t, ms, floor = m.groups()
             meta["records"].append({"op": op, "impl": impl, "pass": pss, "B": int(b),
-                                    "T": int(t), "H": H, "D": D, "ms": float(ms),
+                                    "T": int(t), "H": h, "D": d, "ms": float(ms),
                                     "device": device, "jax": jax_version, "date": date,
                                     "floor_ms": float(floor)})
     return meta
@@ -630,9 +648,10 @@ def markdown(runs):
     """One table per run (ratios are only taken within a run: the machines are shared and
     noisy, so anchors are re-measured side by side)."""
     lines = ["# Kernel benchmarks", "",
-             "Made by scripts/bench_kernels.py from docs/benchmarks.json. bf16 inputs, float32 "
-             "state, H16 D128, chunk 64 unless the run's settings or the impl (pallas-cN) say "
-             "otherwise; median ms of device-synchronised runs after warm-up.",
+             "Made by scripts/bench_kernels.py from docs/benchmarks.json. bf16 inputs, "
+             "float32 state, H16 D128, chunk 64 unless the run's settings or the impl "
+             "(pallas-cN) say otherwise; median ms of device-synchronised runs after "
+             "warm-up.",
              "Anchor (x anchor column): fla forward for `fwd`, cuDNN flash attention for "
              "`fwd+bwd`, fla fused recurrent for `decode`, from the same run. Floor: bytes "
              "read + written over the copy bandwidth measured in the same run.", ""]
@@ -643,12 +662,16 @@ def markdown(runs):
                   f"`{meta['command']}`; {head.get('device', '?')}, jax "
                   f"{head.get('jax', '?')}, {head.get('date', '?')}; copy bandwidth "
                   f"{meta['copy_bandwidth_TBps']} TB/s."
-                  + (f" Kernel settings: {meta['settings']}." if meta.get("settings") else ""),
+                  + (f" Kernel settings: {meta['settings']}." if meta.get("settings")
+                     else "")
+                  + (f" Side-by-side rows differ in: {meta['variants']}."
+                     if meta.get("variants") else ""),
                   "", "| op | impl | pass | B | T | ms | Mtok/s | floor ms | x anchor |",
                   "|---|---|---|---|---|---|---|---|---|"]
         for r in sorted(recs, key=lambda r: (r["pass"], r["T"], r["op"], r["impl"])):
             tok = r["B"] * r["T"] / (r["ms"] / 1e3) / 1e6
-            ratio = "" if r.get("ratio_to_anchor") is None else f"{r['ratio_to_anchor']:.2f}"
+            ratio = ("" if r.get("ratio_to_anchor") is None
+                     else f"{r['ratio_to_anchor']:.2f}")
             lines.append(f"| {r['op']} | {r['impl']} | {r['pass']} | {r['B']} | {r['T']} | "
                          f"{r['ms']:.3f} | {tok:.1f} | {r['floor_ms']:.3f} | {ratio} |")
         if meta["peak_memory"]:
@@ -658,12 +681,14 @@ def markdown(runs):
                 lines.append(
                     f"- {op}: process peak {p['peak_bytes'] / 2**30:.2f} GiB"
                     + ("" if temp is None else
-                       f", the compiled fwd+bwd program's temporaries {temp / 2**30:.2f} GiB")
+                       f", the compiled fwd+bwd program's temporaries "
+                       f"{temp / 2**30:.2f} GiB")
                     + f" (inputs + cotangent {p['inputs_bytes'] / 2**30:.2f} GiB)")
         if meta["accuracy_rel_rms"]:
             lines += ["", "Relative RMS error, bf16 Pallas against the float32 form:", ""]
             for shape, c in meta["accuracy_rel_rms"].items():
-                lines.append(f"- {shape}: " + ", ".join(f"{k} {v:.2e}" for k, v in c.items()))
+                lines.append(f"- {shape}: "
+                             + ", ".join(f"{k} {v:.2e}" for k, v in c.items()))
         if meta["failures"]:
             lines += ["", "Rows that failed or were skipped:", ""]
             lines += [f"- {f}" for f in meta["failures"]]

@@ -1,24 +1,33 @@
 """Where the time of one GDN / linear-attention call goes, kernel by kernel.
 
     python scripts/profile_kernels.py [--out DIR] [--shapes 2x8192] [--what gdn-fwdbwd,...]
+        [--tuning key=value,...]
     python scripts/profile_kernels.py --tune [--out DIR]
-    python scripts/profile_kernels.py --tune-seq [--settings seq|prep] [--fla] [--out DIR]
-    python scripts/profile_kernels.py --fla [--shapes ...]    # fla's forward, its own process
+    python scripts/profile_kernels.py --tune-seq [--settings seq|prep|warps] [--fla]
+        [--tuning key=value,...] [--out DIR]
+    python scripts/profile_kernels.py --fla [--shapes ...]   # fla's forward, own process
 
 Runs each case a few times under `jax.profiler.trace` (with a Perfetto trace), then sums
 the device events by kernel name and prints the top ones per case (ms per call, share of
-the call). Writes DIR/profile.json. --tune instead times the kernels' tunables side by
-side in this one process (decode block/warps, the preparation's warps, the narrowest
-value block of the sequential loop) and writes DIR/tune.json; --tune-seq times a list of
-settings of the GPU programs one change at a time (tune_settings) and writes the fastest
-as DIR/best_seq.env; --fla profiles fla's chunk_gated_delta_rule forward kernel by kernel
-(torch.profiler, so in a process of its own). A diagnostic for kernel
-work, not a benchmark: the timings of record come from scripts/bench_kernels.py.
+the call). Writes DIR/profile.json. The Pallas ops run at one kernels.pallas.Tuning:
+DEFAULT_TUNING with the fields --tuning names replaced (bench_kernels.parse_tuning).
+--tune instead times settings side by side in this one process (the decode step's block
+and warps, the narrowest value block of the sequential loops) and writes DIR/tune.json;
+--tune-seq times a list of Tunings, each one field changed from --tuning's
+(tune_settings), and writes the fastest as a --tuning string, DIR/best_seq.tuning (every
+field, so it selects the same Tuning whatever the defaults are then):
+
+    python scripts/bench_kernels.py --tuning "$(cat DIR/best_seq.tuning)"
+
+--fla profiles fla's chunk_gated_delta_rule forward kernel by kernel (torch.profiler, so
+in a process of its own). A diagnostic for kernel work, not a benchmark: the timings of
+record come from scripts/bench_kernels.py.
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import dataclasses
 import gzip
 import json
 import pathlib
@@ -31,43 +40,22 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 
 import scripts.bench_kernels as bk  # noqa: E402
+from kernels.pallas import DEFAULT_TUNING  # noqa: E402
 
 REPS = 5
+CASES = ("gdn-fwd", "gdn-fwdbwd", "linear-fwdbwd")
 
 
-def split_gdn():
-    """The Pallas GDN with the other setting of recurrence.SPLIT_FWD."""
-    from kernels.pallas import recurrence
-    return bk.with_setting(bk.gdn_fn("pallas"), recurrence, "SPLIT_FWD",
-                           "always" if recurrence.SPLIT_FWD == "never" else "never")
-
-
-def prep_gdn(n):
-    """The Pallas GDN with the preparation as n kernels (intra.PREP_KERNELS)."""
-    from kernels.pallas import intra
-    return bk.with_setting(bk.gdn_fn("pallas"), intra, "PREP_KERNELS", n)
-
-
-def cases(b, t, what):
-    from kernels.pallas import intra
+def cases(b, t, what, tuning=DEFAULT_TUNING):
+    """(name, jitted function, arguments) of each case named in what, at tuning."""
     key = jax.random.PRNGKey(b * t)
     q, k, v, g, beta = bk.gdn_inputs(key, b, t)
     do = jax.random.normal(jax.random.fold_in(key, 2), v.shape, jnp.float32).astype(v.dtype)
+    gdn, linear = bk.gdn_fn("pallas", tuning), bk.la_fn("pallas", tuning)
     table = {
-        "gdn-fwd": lambda: (jax.jit(bk.gdn_fn("pallas")), (q, k, v, g, beta)),
-        "gdn-fwdbwd": lambda: (bk.fwd_bwd(bk.gdn_fn("pallas"), 5), (q, k, v, g, beta, do)),
-        "gdn-fwdbwd-xbwd": lambda: (bk.fwd_bwd(bk.gdn_fn("pallas"), 5, "xla"),
-                                    (q, k, v, g, beta, do)),
-        "linear-fwdbwd": lambda: (bk.fwd_bwd(bk.la_fn("pallas"), 3), (q, k, v, do)),
-        # the forward as one loop under a gradient too, or split without one (the default
-        # splits it into a state pass + an output pass under a gradient only)
-        "gdn-fwd-split": lambda: (jax.jit(split_gdn()), (q, k, v, g, beta)),
-        "gdn-fwdbwd-split": lambda: (bk.fwd_bwd(split_gdn(), 5), (q, k, v, g, beta, do)),
-        # the preparation as n kernels (intra.PREP_KERNELS, whatever the default)
-        **{f"gdn-fwd-prep{n}": (lambda n=n: (jax.jit(prep_gdn(n)), (q, k, v, g, beta)))
-           for n in intra.PREP_KERNELS_CHOICES},
-        **{f"gdn-fwdbwd-prep{n}": (lambda n=n: (bk.fwd_bwd(prep_gdn(n), 5),
-                                                (q, k, v, g, beta, do))) for n in intra.PREP_KERNELS_CHOICES},
+        "gdn-fwd": lambda: (jax.jit(gdn), (q, k, v, g, beta)),
+        "gdn-fwdbwd": lambda: (bk.fwd_bwd(gdn, 5), (q, k, v, g, beta, do)),
+        "linear-fwdbwd": lambda: (bk.fwd_bwd(linear, 3), (q, k, v, do)),
     }
     for name in what:
         yield name, *table[name]()
@@ -138,21 +126,23 @@ def profile_fla(shapes, top):
     return results
 
 
-def time_gdn_fwd(b, t):
-    """Seconds of the Pallas GDN forward at (b, t) (the benchmark's inputs and timer)."""
+def time_gdn_fwd(b, t, tuning=DEFAULT_TUNING):
+    """Seconds of the Pallas GDN forward at (b, t) and tuning (the benchmark's inputs and
+    timer)."""
     xs = bk.gdn_inputs(jax.random.PRNGKey(b * t), b, t)
-    return bk.time_jax(jax.jit(bk.gdn_fn("pallas")), *xs)
+    return bk.time_jax(jax.jit(bk.gdn_fn("pallas", tuning)), *xs)
 
 
-def time_gdn_fwdbwd(b, t):
-    """Seconds of the Pallas GDN forward + backward at (b, t)."""
+def time_gdn_fwdbwd(b, t, tuning=DEFAULT_TUNING):
+    """Seconds of the Pallas GDN forward + backward at (b, t) and tuning."""
     xs = bk.gdn_inputs(jax.random.PRNGKey(b * t), b, t)
-    return bk.time_jax(bk.fwd_bwd(bk.gdn_fn("pallas"), 5), *xs, jnp.ones_like(xs[2]))
+    return bk.time_jax(bk.fwd_bwd(bk.gdn_fn("pallas", tuning), 5), *xs,
+                       jnp.ones_like(xs[2]))
 
 
 def tune(out):
-    """Tunables timed side by side (bench_kernels.time_jax); a row per setting."""
-    from kernels.pallas import decode, intra, recurrence
+    """Settings timed side by side (bench_kernels.time_jax); a row per setting."""
+    from kernels.pallas import decode
     rows = []
 
     def row(what, setting, seconds):
@@ -186,59 +176,41 @@ def tune(out):
             attempt("decode B64", f"fla fused recurrent #{i}",
                     lambda: bk.fla_decode(torch, fops))
 
-    saved = intra.NUM_WARPS, recurrence.MIN_BLOCK_V
-    for warps in (4, 8):
-        intra.NUM_WARPS = warps
-        for b, t in ((8, 2048), (2, 8192)):
-            attempt(f"gdn fwd B{b} T{t}", f"prep warps={warps}", lambda: time_gdn_fwd(b, t))
-    intra.NUM_WARPS = saved[0]
     for minbv in (32, 16):
-        recurrence.MIN_BLOCK_V = minbv
-        attempt("gdn fwd B1 T32768", f"min block_v={minbv}", lambda: time_gdn_fwd(1, 32768))
-        attempt("gdn fwd+bwd B1 T32768", f"min block_v={minbv}",
-                lambda: time_gdn_fwdbwd(1, 32768))
-        attempt("gdn fwd+bwd B2 T8192", f"min block_v={minbv}",
-                lambda: time_gdn_fwdbwd(2, 8192))
-    recurrence.MIN_BLOCK_V = saved[1]
+        tuning = dataclasses.replace(DEFAULT_TUNING, min_block_v=minbv)
+        setting = f"min block_v={minbv}"
+        attempt("gdn fwd B1 T32768", setting, lambda: time_gdn_fwd(1, 32768, tuning))
+        attempt("gdn fwd+bwd B1 T32768", setting, lambda: time_gdn_fwdbwd(1, 32768, tuning))
+        attempt("gdn fwd+bwd B2 T8192", setting, lambda: time_gdn_fwdbwd(2, 8192, tuning))
     return rows
 
 
-# The settings tune_sequential varies: bench_kernels' knobs (key -> module, attribute,
-# environment variable), the ones every benchmark run records.
-SEQ_KNOBS = bk.KNOBS
-
-
-def env_value(value):
-    """A setting as its environment variable reads it (booleans as 1 / 0)."""
-    return int(value) if isinstance(value, bool) else value
-
-
-def tune_settings(name, default):
-    """The settings a --tune-seq run compares (name: --settings), each one change from
-    the defaults, and the cases it times them on."""
-    if name == "prep":   # the triangular solve of the preparation, in the forward
-        # (session 6: the two-kernel form at 1 warp with TF32 products won, now the
-        # default; rows, more warps and three kernels were slower) each against it
-        return ([default, {**default, "prep_kernels": 3},
-                 {**default, "solve_precision": "highest"},
-                 {**default, "diag_inverse": "rows"}, {**default, "kkt_solve_warps": 2}],
-                (("fwd B8 T2048", time_gdn_fwd, 8, 2048),
-                 ("fwd B2 T8192", time_gdn_fwd, 2, 8192),
-                 ("fwd B1 T32768", time_gdn_fwd, 1, 32768)))
-    # the shapes with targets: GDN fwd at all three, fwd+bwd at T8192 and T32768 only
-    targets = (("fwd B8 T2048", time_gdn_fwd, 8, 2048),
-               ("fwd+bwd B2 T8192", time_gdn_fwdbwd, 2, 8192),
-               ("fwd B1 T32768", time_gdn_fwd, 1, 32768),
-               ("fwd+bwd B1 T32768", time_gdn_fwdbwd, 1, 32768))
-    if name == "warps":  # the untuned warps: the W/Ut(/P) kernel's, the sequential loops'
-        # (session 6: W/Ut at 8 warps won, now the default; 2, and the loops at 8, slower)
-        return [default, {**default, "wu_warps": 4}, {**default, "seq_warps": 8}], targets
-    # (chunk 128 ran out of shared memory at 3 stages everywhere and at 2 stages at
-    # B8 T2048 in session 5, call 2, and the two-kernel preparation is in "prep"; neither
-    # is repeated here). seq_programs 64: V blocks twice as wide in the sequential loops,
-    # half the programs, for the long single-sequence case.
-    return ([default, {**default, "prep_bwd_warps": 8}, {**default, "output_warps": 8},
-             {**default, "seq_stages": 2}, {**default, "seq_programs": 64}], targets)
+def tune_settings(name, base=DEFAULT_TUNING):
+    """The Tunings a --tune-seq run compares (name: --settings): base first, then base
+    with one field changed per setting (a change base already has is left out), and the
+    cases [(case, timer, B, T)] it times them on."""
+    if name == "prep":
+        # the preparation's solve, which only the forward's cases need: its products'
+        # precision and its kernel's warps
+        changes = ({"solve_precision": "highest"}, {"kkt_solve_warps": 2})
+        cases_ = (("fwd B8 T2048", time_gdn_fwd, 8, 2048),
+                  ("fwd B2 T8192", time_gdn_fwd, 2, 8192),
+                  ("fwd B1 T32768", time_gdn_fwd, 1, 32768))
+    else:
+        # the shapes with targets: GDN fwd at all three, fwd+bwd at T8192 and T32768
+        cases_ = (("fwd B8 T2048", time_gdn_fwd, 8, 2048),
+                  ("fwd+bwd B2 T8192", time_gdn_fwdbwd, 2, 8192),
+                  ("fwd B1 T32768", time_gdn_fwd, 1, 32768),
+                  ("fwd+bwd B1 T32768", time_gdn_fwdbwd, 1, 32768))
+        changes = (
+            # the W/Ut/P kernel's warps and the sequential loops'
+            ({"wu_warps": 4}, {"seq_warps": 8}) if name == "warps"
+            # seq_programs 64: value blocks twice as wide in the sequential loops, half
+            # the programs, for the long single-sequence case
+            else ({"prep_bwd_warps": 8}, {"output_warps": 8}, {"seq_stages": 2},
+                  {"seq_programs": 64}))
+    settings = [base] + [dataclasses.replace(base, **change) for change in changes]
+    return list(dict.fromkeys(settings)), cases_
 
 
 def fla_anchor_rows(cases_):
@@ -251,66 +223,70 @@ def fla_anchor_rows(cases_):
             for name, timer, b, t in cases_ if timer is time_gdn_fwd}
 
 
-def tune_sequential(out, which="seq", fla=False):
-    """Settings of the GPU kernels of the GDN op (SEQ_KNOBS: warps and stages of the
-    sequential loops, the gradient, output, preparation and solve kernels' warps, the
-    split forward, the diagonal-block inverse, ...), one change at a time from the current
-    defaults (tune_settings(which): the settings and the cases), each timed side by side
-    (a setting that fails on one shape, e.g. out of shared memory, counts as infinitely
-    slow); fla: fla's forward too, at the forward cases' shapes. Writes
-    DIR/seq.json and DIR/best_seq.env (the setting with the least summed time, as the
-    environment variables that select it) so a job can benchmark with it."""
-    knob = bk.knob
-    default = {key: getattr(*knob(key)) for key in SEQ_KNOBS}  # restored at the end
-    settings, cases_ = tune_settings(which, default)
-    total = lambda r: sum(r[name] for name, *_ in cases_)  # noqa: E731
-    rows, anchor = [], []
+def tune_sequential(out, which="seq", fla=False, base=DEFAULT_TUNING):
+    """The Tunings of tune_settings(which, base) (warps and stages of the sequential
+    loops, the gradient, output, preparation and solve kernels' warps, the solve's
+    precision, ...), each timed side by side on its cases (a setting that fails on one
+    case, e.g. out of shared memory, counts as infinitely slow); fla: fla's forward too,
+    at the forward cases' shapes. Writes DIR/seq.json (a row per Tuning: its fields and
+    ms per case) and DIR/best_seq.tuning (the Tuning with the least summed time, as the
+    --tuning string of every field) after every row, so a job cut short by its timeout
+    keeps what it timed. Returns the fastest Tuning."""
+    settings, cases_ = tune_settings(which, base)
+    total = lambda row: sum(row[name] for name, *_ in cases_)  # noqa: E731
+    timed, anchor = [], []   # timed: (Tuning, row)
 
-    def write():  # after every row, so a job cut short by its timeout keeps what it timed
+    def fastest():
+        return min(timed, key=lambda item: total(item[1]))[0]
+
+    def write():
         if not out:
             return
         d = pathlib.Path(out)
         d.mkdir(parents=True, exist_ok=True)
-        (d / "seq.json").write_text(json.dumps(anchor + rows, indent=1))
-        if rows:
-            best_ = min(rows, key=total)
-            (d / "best_seq.env").write_text(
-                "export " + " ".join(f"{env}={env_value(best_[key])}"
-                                     for key, (_, _, env) in SEQ_KNOBS.items()) + "\n")
+        (d / "seq.json").write_text(json.dumps(anchor + [row for _, row in timed],
+                                               indent=1))
+        if timed:
+            (d / "best_seq.tuning").write_text(bk.tuning_spec(fastest()) + "\n")
 
     if fla:  # the anchor, side by side, first (a timeout then cuts settings, not it)
         times = fla_anchor_rows(cases_)
         anchor.append({"impl": "fla", **times})
-        print("  fla: " + ", ".join(f"{k} {v:.3f} ms" for k, v in times.items()), flush=True)
+        print("  fla: " + ", ".join(f"{k} {v:.3f} ms" for k, v in times.items()),
+              flush=True)
         write()
     for st in settings:
-        for key in SEQ_KNOBS:
-            setattr(*knob(key), st[key])
+        label = bk.tuning_spec(st, base) or "base"
         times = {}
         for name, timer, b, t in cases_:
             try:
-                times[name] = timer(b, t)
+                times[name] = timer(b, t, st)
             except Exception as e:  # noqa: BLE001
-                print(f"  seq {st} {name}: FAILED {type(e).__name__}: "
+                print(f"  seq {label} {name}: FAILED {type(e).__name__}: "
                       f"{str(e).splitlines()[0][:200]}", flush=True)
                 times[name] = float("inf")
-        rows.append({**st, **{k: v * 1e3 for k, v in times.items()}})
-        print(f"  seq {st}: " + ", ".join(f"{k} {v * 1e3:.3f} ms" for k, v in times.items()),
-              flush=True)
+        timed.append((st, {**dataclasses.asdict(st),
+                           **{k: v * 1e3 for k, v in times.items()}}))
+        print(f"  seq {label}: " + ", ".join(f"{k} {v * 1e3:.3f} ms"
+                                            for k, v in times.items()), flush=True)
         write()
-    for key in SEQ_KNOBS:
-        setattr(*knob(key), default[key])
-    best = min(rows, key=total)
-    print(f"  best: {best}", flush=True)
+    best = fastest()
+    print(f"  best: {bk.tuning_spec(best, base) or 'base'} (--tuning "
+          f"{bk.tuning_spec(best)})", flush=True)
     return best
 
 
-def main():
+def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", default=None)
     ap.add_argument("--shapes", default="8x2048,2x8192,1x32768")
-    ap.add_argument("--what", default="gdn-fwd,gdn-fwdbwd,gdn-fwdbwd-xbwd,linear-fwdbwd")
+    ap.add_argument("--what", default=",".join(CASES),
+                    help=f"comma list of cases ({', '.join(CASES)})")
     ap.add_argument("--top", type=int, default=14)
+    ap.add_argument("--tuning", default="", metavar="KEY=VALUE,...",
+                    help="the Pallas ops' kernels.pallas.Tuning: DEFAULT_TUNING with "
+                         "these fields replaced (with --tune-seq: the Tuning each setting "
+                         "changes one field of)")
     ap.add_argument("--tune", action="store_true", help="time the tunables instead")
     ap.add_argument("--settings", default="seq", choices=("seq", "prep", "warps"),
                     help="which settings --tune-seq compares (tune_settings)")
@@ -319,13 +295,21 @@ def main():
                          "(torch.profiler; in its own process: it holds CUPTI); with "
                          "--tune-seq, time it beside the settings")
     ap.add_argument("--tune-seq", action="store_true",
-                    help="time the sequential and gradient kernels' settings instead")
-    args = ap.parse_args()
+                    help="time Tunings of the GPU kernels side by side instead")
+    args = ap.parse_args(argv)
+    try:
+        tuning = bk.parse_tuning(args.tuning)
+    except (ValueError, TypeError) as e:
+        ap.error(str(e))
+    what = args.what.split(",")
+    if set(what) - set(CASES):
+        ap.error(f"--what {','.join(sorted(set(what) - set(CASES)))}: no such cases "
+                 f"(choices: {', '.join(CASES)})")
     if args.tune:
         tune(args.out)
         return
     if args.tune_seq:
-        tune_sequential(args.out, args.settings, args.fla)
+        tune_sequential(args.out, args.settings, args.fla, tuning)
         return
     if args.fla:  # alone: torch's profiler holds CUPTI, so a JAX trace after it is empty
         shapes = [tuple(int(x) for x in spec.split("x")) for spec in args.shapes.split(",")]
@@ -338,7 +322,7 @@ def main():
     results = {}
     for spec in args.shapes.split(","):
         b, t = (int(x) for x in spec.split("x"))
-        for name, fn, xs in cases(b, t, args.what.split(",")):
+        for name, fn, xs in cases(b, t, what, tuning):
             try:
                 per, procs = profile(fn, xs)
             except Exception as e:  # noqa: BLE001  (one case must not stop the job)
