@@ -5,7 +5,7 @@ the input dtype and return outputs in the input dtype. `impl` picks the form:
   "parallel"  masked quadratic (O(T^2), the simplest oracle)
   "recurrent" token-by-token lax.scan (never builds T x T)
   "chunk"     pure-JAX chunkwise, scan over chunks with jax.checkpoint
-  "pallas"    kernels.pallas (GPU/TPU), no segment_ids
+  "pallas"    kernels.pallas (GPU/TPU), packed documents (segment_ids) included
   "auto"      pallas on GPU/TPU when it applies, else chunk
 """
 from __future__ import annotations
@@ -38,15 +38,11 @@ def _pallas_module():
         return None
 
 
-def _resolve_impl(impl, segment_ids, op):
+def _resolve_impl(impl, op):
     if impl not in IMPLS:
         raise ValueError(f"{op}: unknown impl {impl!r}; valid: {', '.join(IMPLS)}")
-    if impl == "pallas" and segment_ids is not None:
-        raise ValueError(f"{op}: impl='pallas' does not support segment_ids; use "
-                         f"impl='chunk' (or 'auto') for packed sequences")
     if impl == "auto":
-        if (jax.default_backend() in ("gpu", "tpu") and segment_ids is None
-                and _pallas_module() is not None):
+        if jax.default_backend() in ("gpu", "tpu") and _pallas_module() is not None:
             return "pallas?"  # pallas, falling back to chunk where it is not implemented
         return "chunk"
     return impl
@@ -67,10 +63,11 @@ def _call_pallas(name, fallback, *args, **kwargs):
         return fallback()
 
 
-def _tuning_kwargs(pallas_tuning):
-    """The Pallas entry points' tuning argument, passed only when one is chosen (so that
-    ops works where kernels.pallas does not import)."""
-    return {} if pallas_tuning is None else {"tuning": pallas_tuning}
+def _pallas_kwargs(pallas_tuning, segment_ids):
+    """The Pallas entry points' optional arguments, passed only when set (any module
+    with the two entry points' plain signatures serves where neither is)."""
+    kwargs = {} if pallas_tuning is None else {"tuning": pallas_tuning}
+    return kwargs if segment_ids is None else {**kwargs, "segment_ids": segment_ids}
 
 
 # Head dims the Pallas kernels tile (powers of two, 16 to 256). Other dims are zero-padded
@@ -193,7 +190,7 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None, segme
         else:
             _check_state(op, "initial_state", initial_state, (b, h, f, dv))
 
-    resolved = _resolve_impl(impl, segment_ids, op)
+    resolved = _resolve_impl(impl, op)
 
     def pure_jax(form):
         return _linear_attention_jax(q, k, v, normalize, eps, log_decay, segment_ids,
@@ -204,7 +201,8 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None, segme
         res = _call_pallas_padded("linear_attention", fallback, q, k, v, normalize=normalize,
                                   eps=eps, log_decay=decay_as_given,
                                   initial_state=initial_state, return_state=True,
-                                  chunk_size=chunk_size, **_tuning_kwargs(pallas_tuning))
+                                  chunk_size=chunk_size,
+                                  **_pallas_kwargs(pallas_tuning, segment_ids))
     else:
         res = pure_jax(resolved)
     return res if return_state else res[0]
@@ -281,7 +279,7 @@ def gated_delta_rule(q, k, v, log_alpha, beta, *, segment_ids=None, initial_stat
     if initial_state is not None:
         _check_state(op, "initial_state", initial_state, (b, h, f, dv))
     out_dtype = jnp.result_type(q, k, v)
-    resolved = _resolve_impl(impl, segment_ids, op)
+    resolved = _resolve_impl(impl, op)
 
     def pure_jax(form):
         return _gated_delta_jax(q, k, v, log_alpha, beta, segment_ids, initial_state, form,
@@ -291,7 +289,8 @@ def gated_delta_rule(q, k, v, log_alpha, beta, *, segment_ids=None, initial_stat
         fallback = (lambda: pure_jax("chunk")) if resolved == "pallas?" else None
         res = _call_pallas_padded("gated_delta_rule", fallback, q, k, v, log_alpha, beta,
                                   initial_state=initial_state, return_state=True,
-                                  chunk_size=chunk_size, **_tuning_kwargs(pallas_tuning))
+                                  chunk_size=chunk_size,
+                                  **_pallas_kwargs(pallas_tuning, segment_ids))
     else:
         res = pure_jax(resolved)
     return res if return_state else res[0]

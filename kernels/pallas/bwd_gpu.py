@@ -28,9 +28,9 @@ from kernels.pallas.plan import Config, dims, sequential_params
 GRADS_STAGES = 1  # the gradient kernel reads each tile once: nothing to pipeline
 
 
-def _dstate_kernel(*refs, has_w, has_g, chunk, num_chunks):
-    (w_ref, _, q_ref, k_ref, p_ref, gcl_ref, g_ref), rest = tiles.split_refs(
-        refs, has_w, has_g)
+def _dstate_kernel(*refs, has_w, has_g, has_key, chunk, num_chunks):
+    (w_ref, _, q_ref, k_ref, p_ref, gcl_ref, g_ref, key_ref), rest = tiles.split_refs(
+        refs, has_w, has_g, has_key)
     do_ref, dst_ref, du_ref, dh_ref, ds0_ref = rest
     dt = du_ref.dtype
     prec = common.dot_precision(dt)
@@ -39,9 +39,11 @@ def _dstate_kernel(*refs, has_w, has_g, chunk, num_chunks):
         n = num_chunks - 1 - i
         rows = pl.ds(n * chunk, chunk)
         gam = g_ref[rows][:, None] if has_g else None
+        gkey = key_ref[rows][:, None] if has_key else None
         dsc, du, ds = tiles.dstate_step(ds, w_ref[rows, :] if has_w else None,
                                         q_ref[rows, :], k_ref[rows, :], p_ref[rows, :],
-                                        gam, gcl_ref[n], do_ref[rows, :].astype(dt), prec)
+                                        gam, gcl_ref[n], do_ref[rows, :].astype(dt), prec,
+                                        gkey)
         dh_ref[n] = dsc
         du_ref[rows, :] = du
         return ds
@@ -49,15 +51,17 @@ def _dstate_kernel(*refs, has_w, has_g, chunk, num_chunks):
     ds0_ref[...] = lax.fori_loop(0, num_chunks, body, dst_ref[...])
 
 
-def _grads_kernel(*refs, has_w, has_g, u_saved, block_cols):
+def _grads_kernel(*refs, has_w, has_g, has_key, u_saved, block_cols):
     """u_saved: the ut slot holds U itself (written by the forward), so neither W nor a
-    matmul is needed for it."""
-    (w_ref, ut_ref, q_ref, k_ref, _, gcl_ref, g_ref), rest = tiles.split_refs(
-        refs, has_w, has_g)
+    matmul is needed for it. has_key: the key weights come as their own input gkey, and
+    its gradient <dk, k> is its own output (not folded into dG and dG_C)."""
+    (w_ref, ut_ref, q_ref, k_ref, _, gcl_ref, g_ref, key_ref), rest = tiles.split_refs(
+        refs, has_w, has_g, has_key)
     h_ref, dh_ref, do_ref, du_ref, dq_ref, dk_ref, *rest = rest
     dw_ref = rest.pop(0) if has_w else None
     dp_ref, dgcl_ref, *rest = rest
-    dg_ref = rest[0] if has_g else None
+    dg_ref = rest.pop(0) if has_g else None
+    dkey_ref = rest[0] if has_key else None
     f32 = jnp.float32
     mm = tiles.mm
     dt = ut_ref.dtype
@@ -85,7 +89,12 @@ def _grads_kernel(*refs, has_w, has_g, u_saved, block_cols):
                        axis=0, keepdims=True)
     gcl = gcl_ref[...]
     dgcl = jnp.exp(gcl) * sds
-    if has_g:
+    if has_key:
+        dq = dqg * jnp.exp(g_ref[...][:, None])
+        dk = dkd * jnp.exp(key_ref[...][:, None])
+        dg_ref[...] = jnp.sum(dq * q_ref[...].astype(f32), axis=1)
+        dkey_ref[...] = jnp.sum(dk * k_ref[...].astype(f32), axis=1)
+    elif has_g:
         gam = g_ref[...][:, None]
         dq = dqg * jnp.exp(gam)
         dk = dkd * jnp.exp(gcl - gam)
@@ -103,24 +112,28 @@ def _grads_kernel(*refs, has_w, has_g, u_saved, block_cols):
     dgcl_ref[...] = dgcl
 
 
-def backward(w, ut, q, k, p, gcl, gam, h, do, dst, cfg: Config, u=None):
+def backward(w, ut, q, k, p, gcl, gam, gkey, h, do, dst, cfg: Config, u=None):
     """The GPU backward. u: U = Ut - W S as the forward wrote it (then ut may be None),
     else recomputed from ut, w and the states h. Returns
-    (dw | None, dut, dq, dk, dp, dgcl, dgam | None, ds0) with dq, dk as (B, Tp, H, K) in
-    the input dtype and the decay chain applied."""
+    (dw | None, dut, dq, dk, dp, dgcl, dgam | None, dgkey | None, ds0) with dq, dk as
+    (B, Tp, H, K) in the input dtype and the decay chain applied."""
     u_saved = u is not None
     ut = u if u_saved else ut
     c, bv = cfg.chunk, cfg.block_v
     b, tp, nh, kdim, vdim, n, has_w, has_g = dims(w, ut, q, gam, c)
+    has_key = gkey is not None
     bh = b * nh
     dt = ut.dtype
-    lead = ([w] if has_w else []) + [ut, q, k, p, gcl] + ([gam] if has_g else [])
+    lead = ([w] if has_w else []) + [ut, q, k, p, gcl] + ([gam] if has_g else []) + (
+        [gkey] if has_key else [])
 
     seq = common.sequence_specs(nh, tp, n)
     du, dh, ds0 = pl.pallas_call(
-        functools.partial(_dstate_kernel, has_w=has_w, has_g=has_g, chunk=c, num_chunks=n),
+        functools.partial(_dstate_kernel, has_w=has_w, has_g=has_g, has_key=has_key,
+                          chunk=c, num_chunks=n),
         grid=(b, nh, vdim // bv),
-        in_specs=(common.recurrence_in_specs(seq, has_w, has_g, kdim, bv, c)
+        in_specs=(common.recurrence_in_specs(seq, has_w, has_g, kdim, bv, c,
+                                             has_key=has_key)
                   + [seq.token_block(bv), seq.state(kdim, bv)]),
         out_specs=[seq.rows_block(bv), seq.states(kdim, bv), seq.state(kdim, bv)],
         out_shape=[jax.ShapeDtypeStruct((bh, tp, vdim), dt),
@@ -133,18 +146,19 @@ def backward(w, ut, q, k, p, gcl, gam, h, do, dst, cfg: Config, u=None):
     spec = common.chunk_specs(nh, c)
     crow, tok, one, gspec = spec.rows, spec.token(kdim), spec.scalar, spec.per_token
     state = spec.state(kdim, vdim)
+    per_token = int(has_g) + int(has_key)
     in_specs = (([crow(kdim)] if has_w else []) + [crow(vdim), tok, tok, crow(c), one]
-                + ([gspec] if has_g else []) + [state, state, spec.token(vdim), crow(vdim)])
+                + [gspec] * per_token + [state, state, spec.token(vdim), crow(vdim)])
     out_specs = [tok, tok] + ([crow(kdim)] if has_w else []) + [crow(c), one] + (
-        [gspec] if has_g else [])
+        [gspec] * per_token)
     out_shape = ([jax.ShapeDtypeStruct(q.shape, q.dtype)] * 2
                  + ([jax.ShapeDtypeStruct((bh, tp, kdim), dt)] if has_w else [])
                  + [jax.ShapeDtypeStruct((bh, tp, c), dt),
                     jax.ShapeDtypeStruct((bh, n, 1, 1), jnp.float32)]
-                 + ([jax.ShapeDtypeStruct((b, tp, nh), jnp.float32)] if has_g else []))
+                 + [jax.ShapeDtypeStruct((b, tp, nh), jnp.float32)] * per_token)
     outs = pl.pallas_call(
-        functools.partial(_grads_kernel, has_w=has_w, has_g=has_g, u_saved=u_saved,
-                          block_cols=min(vdim, 64)),
+        functools.partial(_grads_kernel, has_w=has_w, has_g=has_g, has_key=has_key,
+                          u_saved=u_saved, block_cols=min(vdim, 64)),
         grid=(b, nh, n), in_specs=in_specs, out_specs=out_specs, out_shape=out_shape,
         interpret=common.interpret(),
         compiler_params=common.compiler_params("gpu", num_warps=cfg.tuning.grads_warps,
@@ -153,5 +167,6 @@ def backward(w, ut, q, k, p, gcl, gam, h, do, dst, cfg: Config, u=None):
     dq, dk, *outs = outs
     dw = outs.pop(0) if has_w else None
     dp, dgcl, *outs = outs
-    dgam = outs[0] if has_g else None
-    return dw, du, dq, dk, dp, dgcl, dgam, ds0
+    dgam = outs.pop(0) if has_g else None
+    dgkey = outs[0] if has_key else None
+    return dw, du, dq, dk, dp, dgcl, dgam, dgkey, ds0

@@ -96,8 +96,9 @@ def check_chunk_size(op: str, chunk_size: int):
 
 def check_inputs(op: str, q, k, v, *, segment_ids, chunk_size: int, variant: str | None):
     """The checks both Pallas entry points share; returns (variant, input dtype)."""
-    if segment_ids is not None:
-        raise NotImplementedError(f"{op}: segment_ids are not supported; use impl='chunk'")
+    if segment_ids is not None and tuple(jnp.shape(segment_ids)) != tuple(q.shape[:2]):
+        raise ValueError(f"{op}: segment_ids must be (batch, time) = {tuple(q.shape[:2])}, "
+                         f"got {tuple(jnp.shape(segment_ids))}")
     variant = resolve_variant(variant)
     check_chunk_size(op, chunk_size)
     check_head_dims(op, q.shape[-1], v.shape[-1], variant)
@@ -122,11 +123,13 @@ def from_chunk_major(x, b: int, h: int):
 class ChunkSpecs(NamedTuple):
     """BlockSpecs of one chunk on the grid (B, H, chunks), as the chunk-parallel kernels
     (preparation, output pass, gradient pass) use them: token(d) a (B, Tp, H, d) array's
-    chunk rows of one head; per_token a (B, Tp, H) one's; rows(d) a head-major
-    (B*H, Tp, d) one's; scalar a (B*H, N, 1, 1) one's entry; state(k, v) a
-    (B*H, N, k, v) one's (the chunk-start states)."""
+    chunk rows of one head; per_token a (B, Tp, H) one's; per_row a (B, Tp) one's (run
+    indices, shared by the heads); rows(d) a head-major (B*H, Tp, d) one's; scalar a
+    (B*H, N, 1, 1) one's entry; state(k, v) a (B*H, N, k, v) one's (the chunk-start
+    states)."""
     token: Callable
     per_token: object
+    per_row: object
     rows: Callable
     scalar: object
     state: Callable
@@ -136,6 +139,7 @@ def chunk_specs(h: int, chunk: int) -> ChunkSpecs:
     return ChunkSpecs(
         token=lambda d: pl.BlockSpec((None, chunk, None, d), lambda bi, hi, ni: (bi, ni, hi, 0)),
         per_token=pl.BlockSpec((None, chunk, None), lambda bi, hi, ni: (bi, ni, hi)),
+        per_row=pl.BlockSpec((None, chunk), lambda bi, hi, ni: (bi, ni)),
         rows=lambda d: pl.BlockSpec((None, chunk, d), lambda bi, hi, ni: (bi * h + hi, ni, 0)),
         scalar=pl.BlockSpec((None, None, 1, 1), lambda bi, hi, ni: (bi * h + hi, ni, 0, 0)),
         state=lambda k, v: pl.BlockSpec((None, None, k, v),
@@ -177,13 +181,14 @@ def sequence_specs(h: int, tp: int, num_chunks: int) -> SequenceSpecs:
                                           lambda bi, hi, j: (row(bi, hi), 0, 0, j)))
 
 
-def recurrence_in_specs(spec: SequenceSpecs, has_w, has_g, kdim, bv, c, with_qp=True):
-    """BlockSpecs of a sequential kernel's leading inputs: [w] ut q k p gcl [gam]
-    (with_qp) or [w] ut k gcl [gam] (the state pass)."""
+def recurrence_in_specs(spec: SequenceSpecs, has_w, has_g, kdim, bv, c, with_qp=True,
+                        has_key=False):
+    """BlockSpecs of a sequential kernel's leading inputs: [w] ut q k p gcl [gam] [gkey]
+    (with_qp) or [w] ut k gcl [gam] [gkey] (the state pass)."""
     specs = ([spec.rows(kdim)] if has_w else []) + [spec.rows_block(bv)]
     if with_qp:
         specs += [spec.token(kdim), spec.token(kdim), spec.rows(c)]
     else:
         specs.append(spec.token(kdim))
     specs.append(spec.chunk_scalars)
-    return specs + ([spec.per_token] if has_g else [])
+    return specs + [spec.per_token] * (int(has_g) + int(has_key))

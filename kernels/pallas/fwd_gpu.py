@@ -25,34 +25,39 @@ from kernels.pallas import common, tiles
 from kernels.pallas.plan import Config, dims, sequential_params
 
 
-def _loop_kernel(*refs, has_w, has_g, chunk, num_chunks):
-    (w_ref, ut_ref, q_ref, k_ref, p_ref, gcl_ref, g_ref), rest = tiles.split_refs(
-        refs, has_w, has_g)
+def _loop_kernel(*refs, has_w, has_g, has_key, chunk, num_chunks):
+    (w_ref, ut_ref, q_ref, k_ref, p_ref, gcl_ref, g_ref, key_ref), rest = tiles.split_refs(
+        refs, has_w, has_g, has_key)
     s0_ref, o_ref, st_ref = rest
 
     def body(n, s):
         rows = pl.ds(n * chunk, chunk)
         w = w_ref[rows, :] if has_w else None
         gam = g_ref[rows][:, None] if has_g else None
+        gkey = key_ref[rows][:, None] if has_key else None
         o, s = tiles.fwd_chunk(s, w, ut_ref[rows, :], q_ref[rows, :], k_ref[rows, :],
-                               p_ref[rows, :], gcl_ref[n], gam)
+                               p_ref[rows, :], gcl_ref[n], gam, gkey)
         o_ref[rows, :] = o.astype(o_ref.dtype)
         return s
 
     st_ref[...] = lax.fori_loop(0, num_chunks, body, s0_ref[...])
 
 
-def forward(w, ut, q, k, p, gcl, gam, s0, cfg: Config):
+def forward(w, ut, q, k, p, gcl, gam, gkey, s0, cfg: Config):
     """(O (B, Tp, H, V) in cfg.out_dtype, final state (BH, K, V) float32) by one
     sequential kernel; arguments as recurrence.chunk_recurrence."""
     c, bv = cfg.chunk, cfg.block_v
     b, tp, h, kdim, vdim, n, has_w, has_g = dims(w, ut, q, gam, c)
+    has_key = gkey is not None
     spec = common.sequence_specs(h, tp, n)
-    args = ([w] if has_w else []) + [ut, q, k, p, gcl] + ([gam] if has_g else []) + [s0]
+    args = ([w] if has_w else []) + [ut, q, k, p, gcl] + ([gam] if has_g else []) + (
+        [gkey] if has_key else []) + [s0]
     return pl.pallas_call(
-        functools.partial(_loop_kernel, has_w=has_w, has_g=has_g, chunk=c, num_chunks=n),
+        functools.partial(_loop_kernel, has_w=has_w, has_g=has_g, has_key=has_key, chunk=c,
+                          num_chunks=n),
         grid=(b, h, vdim // bv),
-        in_specs=(common.recurrence_in_specs(spec, has_w, has_g, kdim, bv, c)
+        in_specs=(common.recurrence_in_specs(spec, has_w, has_g, kdim, bv, c,
+                                             has_key=has_key)
                   + [spec.state(kdim, bv)]),
         out_specs=[spec.token_block(bv), spec.state(kdim, bv)],
         out_shape=[jax.ShapeDtypeStruct((b, tp, h, vdim), jnp.dtype(cfg.out_dtype)),
@@ -62,13 +67,14 @@ def forward(w, ut, q, k, p, gcl, gam, s0, cfg: Config):
         name="linear_chunk_fwd")(*args)
 
 
-def _state_kernel(*refs, has_w, has_g, chunk, num_chunks):
+def _state_kernel(*refs, has_w, has_g, has_key, chunk, num_chunks):
     """State pass (sequential): h[n] = S, U = Ut - W S, S' = e^G_C S + Kd^T U."""
     refs = list(refs)
     w_ref = refs.pop(0) if has_w else None
     ut_ref, k_ref, gcl_ref = refs[:3]
     refs = refs[3:]
     g_ref = refs.pop(0) if has_g else None
+    key_ref = refs.pop(0) if has_key else None
     s0_ref, st_ref, h_ref, *rest = refs
     u_ref = rest[0] if has_w else None
     prec = common.dot_precision(ut_ref.dtype)
@@ -76,8 +82,9 @@ def _state_kernel(*refs, has_w, has_g, chunk, num_chunks):
     def body(n, s):
         rows = pl.ds(n * chunk, chunk)
         gam = g_ref[rows][:, None] if has_g else None
+        gkey = key_ref[rows][:, None] if has_key else None
         sc, uc, s = tiles.state_step(s, ut_ref[rows, :], w_ref[rows, :] if has_w else None,
-                                     k_ref[rows, :], gam, gcl_ref[n], prec)
+                                     k_ref[rows, :], gam, gcl_ref[n], prec, gkey)
         h_ref[n] = sc
         if has_w:
             u_ref[rows, :] = uc
@@ -104,12 +111,13 @@ def _output_kernel(*refs, has_g, block_cols):
         o_ref[:, cols] = o.astype(o_ref.dtype)
 
 
-def forward_saving(w, ut, q, k, p, gcl, gam, s0, cfg: Config):
+def forward_saving(w, ut, q, k, p, gcl, gam, gkey, s0, cfg: Config):
     """forward's (O, final state) and what the backward reads: the chunk-start states
     (BH, N, K, V) in the input dtype and U = Ut - W S (BH, Tp, V), or None for linear
     attention (U = Ut); by a state pass and an output pass."""
     c, bv = cfg.chunk, cfg.block_v
     b, tp, nh, kdim, vdim, n, has_w, has_g = dims(w, ut, q, gam, c)
+    has_key = gkey is not None
     dt = ut.dtype
     seq = common.sequence_specs(nh, tp, n)
     out_specs = [seq.state(kdim, bv), seq.states(kdim, bv)]
@@ -118,11 +126,14 @@ def forward_saving(w, ut, q, k, p, gcl, gam, s0, cfg: Config):
     if has_w:
         out_specs.append(seq.rows_block(bv))
         out_shape.append(jax.ShapeDtypeStruct((b * nh, tp, vdim), dt))
-    args = ([w] if has_w else []) + [ut, k, gcl] + ([gam] if has_g else []) + [s0]
+    args = ([w] if has_w else []) + [ut, k, gcl] + ([gam] if has_g else []) + (
+        [gkey] if has_key else []) + [s0]
     st, h, *rest = pl.pallas_call(
-        functools.partial(_state_kernel, has_w=has_w, has_g=has_g, chunk=c, num_chunks=n),
+        functools.partial(_state_kernel, has_w=has_w, has_g=has_g, has_key=has_key,
+                          chunk=c, num_chunks=n),
         grid=(b, nh, vdim // bv),
-        in_specs=common.recurrence_in_specs(seq, has_w, has_g, kdim, bv, c, with_qp=False)
+        in_specs=common.recurrence_in_specs(seq, has_w, has_g, kdim, bv, c, with_qp=False,
+                                            has_key=has_key)
         + [seq.state(kdim, bv)],
         out_specs=out_specs, out_shape=out_shape, interpret=common.interpret(),
         compiler_params=sequential_params(kdim, bv, cfg.tuning),

@@ -19,16 +19,18 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from kernels.pallas import common, prep, recurrence
+from kernels.pallas import common, documents, prep, recurrence
 from kernels.pallas.gdn_prep import gdn_prep
 from kernels.pallas.gdn_prep_bwd import gdn_prep_bwd
 from kernels.pallas.plan import Config, block_v
 from kernels.pallas.tuning import DEFAULT, Tuning
 
 
-def prep_xla(q, k, v, g, beta, chunk):
+def prep_xla(q, k, v, g, beta, chunk, docs=None):
     """q, k, v (B,Tp,H,.) input dtype; g, beta (B,Tp,H) float32. Returns the recurrence
-    inputs (w, ut, p) as (B*H, Tp, .) in the input dtype and gcl (B*H, N, 1, 1)."""
+    inputs (w, ut, p) as (B*H, Tp, .) in the input dtype and gcl (B*H, N, 1, 1).
+    docs: None, or (runs (B,Tp), prev_run (B,N)) of packed documents
+    (kernels.pallas.documents)."""
     b, tp, h, kdim = q.shape
     c = chunk
     n = tp // c
@@ -36,12 +38,18 @@ def prep_xla(q, k, v, g, beta, chunk):
     qc, kc, vc = (prep.chunked(x, b, h, n, c) for x in (q, k, v))
     gc, betac = prep.chunked(g, b, h, n, c), prep.chunked(beta, b, h, n, c)
     big_g, dmat, incl = prep.decay_terms(gc)
+    gamma = jnp.exp(big_g)
+    if docs is not None:
+        runs, prev_run = docs
+        dmat = jnp.where(documents.same_run(runs.reshape(b, 1, n, c)), dmat, 0.0)
+        gam = documents.masked_weights(prep.in_chunk_cumsum(g, c), runs, prev_run, c)[0]
+        gamma = jnp.exp(prep.chunked(gam, b, h, n, c))
     p, gcl = prep.intra_chunk(qc, kc, dmat, big_g, dtype)
     strict = incl & ~jnp.eye(c, dtype=bool)
     kk = prep.einsum("bhntd,bhnsd->bhnts", kc, kc, dtype=dtype)
     a = jnp.where(strict, betac[..., :, None] * dmat * kk, 0.0)
     rhs = betac[..., None] * jnp.concatenate(
-        [kc.astype(jnp.float32) * jnp.exp(big_g)[..., None], vc.astype(jnp.float32)], -1)
+        [kc.astype(jnp.float32) * gamma[..., None], vc.astype(jnp.float32)], -1)
     x = lax.linalg.triangular_solve(a + jnp.eye(c, dtype=jnp.float32), rhs,
                                     left_side=True, lower=True, unit_diagonal=True)
     w, ut = x[..., :kdim], x[..., kdim:]
@@ -49,32 +57,63 @@ def prep_xla(q, k, v, g, beta, chunk):
             gcl.reshape(b * h, n, 1, 1))
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(6,))
-def _fused(q, k, v, g, beta, s0, cfg: Config):
+def _weights(big_g, gcl, docs, chunk):
+    """(gcl, gam, gkey) as the recurrence takes them: G and the preparation's G_C (gkey
+    None: formed in the kernel), or for packed documents the masked log weights."""
+    if docs is None:
+        return gcl, big_g, None
+    gam, gkey, gcl_masked = documents.masked_weights(big_g, *docs, chunk)
+    return gcl_masked, gam, gkey
+
+
+def _prep_documents(big_g, docs, chunk):
+    """gdn_prep's documents argument: (runs, masked G) or None."""
+    if docs is None:
+        return None
+    return docs[0], documents.masked_weights(big_g, *docs, chunk)[0]
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
+def _fused(q, k, v, g, beta, s0, docs, cfg: Config):
     big_g = prep.in_chunk_cumsum(g, cfg.chunk)
     w, ut, p, gcl = gdn_prep(q, k, v, big_g, beta, chunk=cfg.chunk, tuning=cfg.tuning,
-                             with_inverse=False)
-    o, st = recurrence.chunk_recurrence(w, ut, q, k, p, gcl, big_g, s0, cfg)
+                             with_inverse=False,
+                             documents=_prep_documents(big_g, docs, cfg.chunk))
+    gcl, gam, gkey = _weights(big_g, gcl, docs, cfg.chunk)
+    o, st = recurrence.chunk_recurrence(w, ut, q, k, p, gcl, gam, gkey, s0, cfg)
     return o, st
 
 
-def _fused_fwd(q, k, v, g, beta, s0, cfg):
+def _fused_fwd(q, k, v, g, beta, s0, docs, cfg):
     big_g = prep.in_chunk_cumsum(g, cfg.chunk)
     w, ut, p, gcl, inverse = gdn_prep(q, k, v, big_g, beta, chunk=cfg.chunk,
-                                      tuning=cfg.tuning, with_inverse=True)
-    (o, st), res = recurrence.forward_with_residuals(w, ut, q, k, p, gcl, big_g, s0, cfg)
-    return (o, st), (v, beta, inverse, res)
+                                      tuning=cfg.tuning, with_inverse=True,
+                                      documents=_prep_documents(big_g, docs, cfg.chunk))
+    gcl, gam, gkey = _weights(big_g, gcl, docs, cfg.chunk)
+    (o, st), res = recurrence.forward_with_residuals(w, ut, q, k, p, gcl, gam, gkey, s0,
+                                                     cfg)
+    return (o, st), (v, beta, inverse, big_g, docs, res)
 
 
 def _fused_bwd(cfg, saved, cts):
-    v, beta, inverse, res = saved
-    _, _, q, k, _, _, big_g, _, _ = res
-    dw, dut, dq, dk, dp, dgcl, dgam, ds0 = recurrence.backward(cfg, res, cts)
+    v, beta, inverse, big_g, docs, res = saved
+    _, _, q, k, _, _, gam, _, _, _ = res
+    dw, dut, dq, dk, dp, dgcl, dgam, dgkey, ds0 = recurrence.backward(cfg, res, cts)
+    if docs is None:
+        prep_docs = None
+    else:
+        # the masked weights' cotangents back to G; the preparation's own G_C output is
+        # not what the recurrence read, so its cotangent is 0
+        _, pull = jax.vjp(lambda x: _weights(x, None, docs, cfg.chunk), big_g)
+        (dgam,) = pull((dgcl, dgam, dgkey))
+        dgcl = jnp.zeros_like(dgcl)
+        prep_docs = (docs[0], gam)
     dq, dk, dv, dbig_g, dbeta = gdn_prep_bwd(q, k, v, big_g, beta, inverse, dw, dut, dp,
                                              dgcl, chunk=cfg.chunk, tuning=cfg.tuning,
-                                             add=(dq, dk, dgam))
+                                             add=(dq, dk, dgam), documents=prep_docs)
     # G = in-chunk cumsum of g, so dg is the reverse in-chunk cumsum of dG
-    return (dq, dk, dv, prep.in_chunk_cumsum(dbig_g, cfg.chunk, reverse=True), dbeta, ds0)
+    dg = prep.in_chunk_cumsum(dbig_g, cfg.chunk, reverse=True)
+    return (dq, dk, dv, dg, dbeta, ds0, None)
 
 
 _fused.defvjp(_fused_fwd, _fused_bwd)
@@ -87,6 +126,8 @@ def gated_delta_rule(q, k, v, log_alpha, beta, *, initial_state=None, return_sta
 
     q, k: (B,T,H,K); v: (B,T,H,V); log_alpha, beta: (B,T,H). State (B,H,K,V) float32.
     Returns o (B,T,H,V) in the input dtype, or (o, state) with return_state=True.
+    segment_ids: None or (B,T) ints; the state restarts where the id changes, and an
+    initial state belongs to the first run only (kernels.pallas.documents).
     fused_prep: the Pallas preparation in one custom VJP with the recurrence (the
     default on the "gpu" variant; the only variant it runs on); False: the XLA
     preparation. tuning: the GPU programs' launch settings (kernels.pallas.tuning).
@@ -111,12 +152,14 @@ def gated_delta_rule(q, k, v, log_alpha, beta, *, initial_state=None, return_sta
           else jnp.asarray(initial_state, jnp.float32)).reshape(b * h, kdim, vdim)
     cfg = Config(chunk=c, variant=variant, out_dtype=jnp.dtype(dtype).name,
                  block_v=block_v(kdim, vdim, variant, b * h, tuning), tuning=tuning)
+    docs = (None if segment_ids is None
+            else documents.chunk_runs(segment_ids, b, t, tp, c))
     if fused_prep:
-        o, st = _fused(q, k, v, g, bt, s0, cfg)
+        o, st = _fused(q, k, v, g, bt, s0, docs, cfg)
     else:
-        w, ut, p, gcl = prep_xla(q, k, v, g, bt, c)
-        o, st = recurrence.chunk_recurrence(w, ut, q, k, p, gcl, prep.in_chunk_cumsum(g, c),
-                                            s0, cfg)
+        w, ut, p, gcl = prep_xla(q, k, v, g, bt, c, docs)
+        gcl, gam, gkey = _weights(prep.in_chunk_cumsum(g, c), gcl, docs, c)
+        o, st = recurrence.chunk_recurrence(w, ut, q, k, p, gcl, gam, gkey, s0, cfg)
     o = o[:, :t]
     st = st.reshape(b, h, kdim, vdim)
     return (o, st) if return_state else o

@@ -34,38 +34,52 @@ def _write_inverse(x_ref, x, nb):
                 x[i, j] if j <= i else jnp.zeros((BS, BS), jnp.float32)).astype(x_ref.dtype)
 
 
-def _kkt_solve_kernel(k_ref, g_ref, b_ref, gcl_ref, x_ref, *, chunk, solve_setting):
+def _kkt_solve_kernel(*refs, chunk, solve_setting, packed):
+    # packed: a run-index input after beta (packed documents: A is 0 across runs)
+    k_ref, g_ref, b_ref, *refs = refs
+    r_ref = refs.pop(0) if packed else None
+    gcl_ref, x_ref = refs
     prec = common.dot_precision(k_ref.dtype)
     gcl_ref[...] = g_ref[pl.ds(chunk - 1, 1)][None, :]
     block = lambda ref: lambda i: ref[pl.ds(i * BS, BS)]  # noqa: E731
     rows = lambda i: k_ref[pl.ds(i * BS, BS), :]  # noqa: E731
     nb = chunk // BS
     hi = tiles.solve_precision(k_ref.dtype, solve_setting)
-    _write_inverse(x_ref, tiles.block_inverse(
-        tiles.a_blocks(rows, block(g_ref), block(b_ref), prec), nb, hi), nb)
+    a_block = tiles.a_blocks(rows, block(g_ref), block(b_ref), prec,
+                             block(r_ref) if packed else None)
+    _write_inverse(x_ref, tiles.block_inverse(a_block, nb, hi), nb)
 
 
-def _wu_p_kernel(x_ref, q_ref, k_ref, v_ref, g_ref, b_ref, w_ref, ut_ref, p_ref, *, chunk):
+def _wu_p_kernel(*refs, chunk, packed):
+    # packed: the masked log weight of the incoming state (gam) and the run indices after
+    # beta; W's gamma is then exp(gam), P's decay is 0 across runs
+    x_ref, q_ref, k_ref, v_ref, g_ref, b_ref, *refs = refs
+    gam_ref, r_ref = (refs.pop(0), refs.pop(0)) if packed else (g_ref, None)
+    w_ref, ut_ref, p_ref = refs
     f32 = jnp.float32
     dt = k_ref.dtype
     prec = common.dot_precision(dt)
     bt = b_ref[...][:, None]
     xd = x_ref[...].astype(dt)
-    rhs_k = (k_ref[...].astype(f32) * (bt * jnp.exp(g_ref[...][:, None]))).astype(dt)
+    rhs_k = (k_ref[...].astype(f32) * (bt * jnp.exp(gam_ref[...][:, None]))).astype(dt)
     rhs_v = (v_ref[...].astype(f32) * bt).astype(dt)
     w_ref[...] = tiles.mm(xd, rhs_k, precision=prec).astype(w_ref.dtype)
     ut_ref[...] = tiles.mm(xd, rhs_v, precision=prec).astype(ut_ref.dtype)
     q, k = q_ref[...], k_ref[...]
-    dmat = tiles.decay_mask(g_ref[...], chunk)[0]
+    dmat = tiles.decay_mask(g_ref[...], chunk, r_ref[...] if packed else None)[0]
     p_ref[...] = (tiles.mm(q, k, tb=True, precision=prec) * dmat).astype(p_ref.dtype)
 
 
-def gdn_prep(q, k, v, big_g, beta, *, chunk, tuning: Tuning, with_inverse=True):
+def gdn_prep(q, k, v, big_g, beta, *, chunk, tuning: Tuning, with_inverse=True,
+             documents=None):
     """q, k (B,Tp,H,K), v (B,Tp,H,V) in one dtype; big_g (in-chunk inclusive cumsum of the
     log-decays) and beta (B,Tp,H) float32. Returns the recurrence inputs (w, ut, p), each
     (B*H, Tp, .) in the input dtype, and gcl (B*H, N, 1, 1); then, with_inverse only, the
     float32 inverse X = (I + A)^-1 per chunk as (B*H, Tp, C): the backward's stand-in for
-    the triangular solve, which a forward without gradients need not write."""
+    the triangular solve, which a forward without gradients need not write.
+    documents: None, or (runs (B,Tp) int32, gam (B,Tp,H) float32) for packed documents
+    (kernels.pallas.documents: the run indices and the masked log weight of the incoming
+    state)."""
     b, tp, h, kdim = q.shape
     vdim = v.shape[-1]
     n = tp // chunk
@@ -76,22 +90,27 @@ def gdn_prep(q, k, v, big_g, beta, *, chunk, tuning: Tuning, with_inverse=True):
     tok, per_tok, rows, one = spec.token, spec.per_token, spec.rows, spec.scalar
     params = lambda warps: common.compiler_params("gpu", num_warps=warps,  # noqa: E731
                                                   num_stages=1)
+    packed = documents is not None
+    runs, gam = documents if packed else (None, None)
     gcl, x = pl.pallas_call(
         functools.partial(_kkt_solve_kernel, chunk=chunk,
-                          solve_setting=tuning.solve_precision),
-        grid=grid, in_specs=[tok(kdim), per_tok, per_tok], out_specs=[one, rows(chunk)],
+                          solve_setting=tuning.solve_precision, packed=packed),
+        grid=grid, in_specs=[tok(kdim), per_tok, per_tok] + ([spec.per_row] if packed else []),
+        out_specs=[one, rows(chunk)],
         out_shape=[jax.ShapeDtypeStruct((b * h, n, 1, 1), f32),
                    jax.ShapeDtypeStruct((b * h, tp, chunk), f32 if with_inverse else dt)],
         interpret=common.interpret(), compiler_params=params(tuning.kkt_solve_warps),
-        name="gdn_chunk_prep_kkt_solve")(k, big_g, beta)
+        name="gdn_chunk_prep_kkt_solve")(k, big_g, beta, *([runs] if packed else []))
     w, ut, p = pl.pallas_call(
-        functools.partial(_wu_p_kernel, chunk=chunk), grid=grid,
-        in_specs=[rows(chunk), tok(kdim), tok(kdim), tok(vdim), per_tok, per_tok],
+        functools.partial(_wu_p_kernel, chunk=chunk, packed=packed), grid=grid,
+        in_specs=[rows(chunk), tok(kdim), tok(kdim), tok(vdim), per_tok, per_tok]
+        + ([per_tok, spec.per_row] if packed else []),
         out_specs=[rows(kdim), rows(vdim), rows(chunk)],
         out_shape=[jax.ShapeDtypeStruct((b * h, tp, kdim), dt),
                    jax.ShapeDtypeStruct((b * h, tp, vdim), dt),
                    jax.ShapeDtypeStruct((b * h, tp, chunk), dt)],
         interpret=common.interpret(), compiler_params=params(tuning.wu_warps),
-        name="gdn_chunk_prep_wu")(x, q, k, v, big_g, beta)
+        name="gdn_chunk_prep_wu")(x, q, k, v, big_g, beta,
+                                  *([gam, runs] if packed else []))
     outs = [w, ut, p, gcl]
     return outs + [x] if with_inverse else outs

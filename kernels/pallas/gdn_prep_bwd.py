@@ -40,9 +40,13 @@ from kernels.pallas.tuning import Tuning
 
 
 def _prep_bwd_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, x_ref,
-                     dw_ref, dut_ref, dp_ref, dgcl_ref, *refs, chunk, has_acc):
+                     dw_ref, dut_ref, dp_ref, dgcl_ref, *refs, chunk, has_acc, packed):
+    # packed: two more inputs, the masked log weight of the incoming state (W's gamma is
+    # exp of it) and the run indices (D is 0 across runs) of packed documents.
     # has_acc: three more inputs, gradients of q, k and G from elsewhere (the recurrence),
     # added to this kernel's before the outputs are written (no separate XLA sums)
+    refs = list(refs)
+    gam_ref, r_ref = (refs.pop(0), refs.pop(0)) if packed else (g_ref, None)
     if has_acc:
         dq_acc_ref, dk_acc_ref, dg_acc_ref, *refs = refs
     dq_ref, dk_ref, dv_ref, dg_ref, db_ref = refs
@@ -56,7 +60,7 @@ def _prep_bwd_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, x_ref,
     beta = b_ref[...]                                      # (C,)
     x = x_ref[...]                                         # (C, C) float32 (I + A)^-1
     xd = x.astype(dt)
-    gam = jnp.exp(g)
+    gam = jnp.exp(gam_ref[...]) if packed else jnp.exp(g)
     bg = beta * gam
     # Ordered so that few (C, D) float32 tiles are live at once (Triton keeps them in
     # registers; this order compiles without spills at 8 warps, C64 D128): dV, then dX
@@ -76,7 +80,7 @@ def _prep_bwd_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, x_ref,
     dx = dx + mm(dw_ref[...], rk, tb=True, precision=prec)
 
     # X = (I + A)^-1: dA = -X^T dX X^T, where A varies (strictly below the diagonal)
-    dmat, rows, cols = decay_mask(g, chunk)
+    dmat, rows, cols = decay_mask(g, chunk, r_ref[...] if packed else None)
     da = -mm(mm(x, dx, ta=True, precision=prec), x, tb=True, precision=prec)
     da = jnp.where(rows > cols, da, 0.0)
     kk = mm(k, k, tb=True, precision=prec)
@@ -116,7 +120,7 @@ def _prep_bwd_kernel(q_ref, k_ref, v_ref, g_ref, b_ref, x_ref,
 
 
 def gdn_prep_bwd(q, k, v, big_g, beta, inverse, dw, dut, dp, dgcl, *, chunk, tuning: Tuning,
-                 add=None):
+                 add=None, documents=None):
     """VJP of gdn_prep.gdn_prep's (w, ut, p, gcl) (the same function as gdn.prep_xla with the
     in-chunk cumsum G given) from the saved float32 inverse.
 
@@ -125,7 +129,9 @@ def gdn_prep_bwd(q, k, v, big_g, beta, inverse, dw, dut, dp, dgcl, *, chunk, tun
     dp (B*H,Tp,C) and dgcl (B*H,N,1,1): the cotangents of gdn_prep's outputs.
     Returns dq, dk (B,Tp,H,K) and dv (B,Tp,H,V) in the input dtype, and dG (w.r.t.
     big_g), dbeta (B,Tp,H) float32. add: None or (dq, dk, dG) from another path (same
-    shapes), summed into the returned dq, dk, dG inside the kernel."""
+    shapes), summed into the returned dq, dk, dG inside the kernel. documents: as
+    gdn_prep's (packed documents); the dG through W's masked gamma is returned as dG
+    (where the mask keeps it, the masked weight is G itself)."""
     b, tp, h, kdim = q.shape
     vdim = v.shape[-1]
     n = tp // chunk
@@ -147,16 +153,20 @@ def gdn_prep_bwd(q, k, v, big_g, beta, inverse, dw, dut, dp, dgcl, *, chunk, tun
     if add is not None:
         dq_add, dk_add, dg_add = add
         acc = [dq_add, dk_add, jnp.asarray(dg_add, jnp.float32)]
+    packed = documents is not None
+    doc_args = [documents[1], documents[0]] if packed else []     # gam, runs
     return pl.pallas_call(
-        functools.partial(_prep_bwd_kernel, chunk=chunk, has_acc=bool(acc)),
+        functools.partial(_prep_bwd_kernel, chunk=chunk, has_acc=bool(acc), packed=packed),
         grid=(b, h, n),
         in_specs=[tok(kdim), tok(kdim), tok(vdim), per_tok, per_tok, flat(chunk),
                   flat(kdim), flat(vdim), flat(chunk), scalar]
+        + ([per_tok, spec.per_row] if packed else [])
         + ([tok(kdim), tok(kdim), per_tok] if acc else []),
         out_specs=[tok(kdim), tok(kdim), tok(vdim), per_tok, per_tok],
         out_shape=out_shapes, interpret=common.interpret(),
-        compiler_params=common.compiler_params("gpu", num_warps=tuning.prep_bwd_warps, num_stages=1),
+        compiler_params=common.compiler_params("gpu", num_warps=tuning.prep_bwd_warps,
+                                               num_stages=1),
         name="gdn_chunk_prep_bwd")(
             q, k, v, jnp.asarray(big_g, jnp.float32), jnp.asarray(beta, jnp.float32),
             inverse, dw.astype(dt), dut.astype(dt), dp.astype(dt),
-            jnp.asarray(dgcl, jnp.float32), *acc)
+            jnp.asarray(dgcl, jnp.float32), *doc_args, *acc)

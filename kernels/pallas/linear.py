@@ -11,7 +11,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from kernels.pallas import common, prep
+from kernels.pallas import common, documents, prep
 from kernels.pallas.plan import Config, block_v
 from kernels.pallas.recurrence import chunk_recurrence
 from kernels.pallas.tuning import DEFAULT, Tuning
@@ -41,6 +41,8 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None,
     o_t = S_t^T q_t / (z_t^T q_t + eps) (normalize) or S_t^T q_t.
 
     q, k: (B,T,H,F); v: (B,T,H,Dv); log_decay: None | (H,) | (B,T,H).
+    segment_ids: None or (B,T) ints; the state (and z) restarts where the id changes, and
+    an initial state belongs to the first run only (kernels.pallas.documents).
     State S (B,H,F,Dv) float32, or (S, z) with z (B,H,F) when normalize=True.
     tuning: the GPU programs' launch settings (kernels.pallas.tuning).
     """
@@ -54,7 +56,8 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None,
     tp = n * c
     q, k, v = (common.pad_time(x.astype(dtype), tp) for x in (q, k, v))
     qc, kc, vc = (prep.chunked(x, b, h, n, c) for x in (q, k, v))
-    if log_decay is None:
+    gkey = None
+    if log_decay is None and segment_ids is None:
         # No decay: G = 0. Spelled out rather than computed from zeros, which XLA would
         # constant-fold at great compile-time cost for long sequences.
         f32 = jnp.float32
@@ -63,7 +66,10 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None,
         p = prep.einsum("bhntd,bhnsd->bhnts", qc, kc, dtype=dtype) * mask
         gcl = jnp.zeros((b, h, n), f32)
     else:
-        g = jnp.asarray(log_decay, jnp.float32)
+        if log_decay is None:   # packed documents without decay: G = 0, masked
+            g = jnp.zeros((b, t, h), jnp.float32)
+        else:
+            g = jnp.asarray(log_decay, jnp.float32)
         if g.shape == (h,):
             g = jnp.broadcast_to(g, (b, t, h))
         elif g.shape != (b, t, h):
@@ -72,7 +78,13 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None,
         g = common.pad_time(g, tp)
         big_g = prep.in_chunk_cumsum(g, c)
         gc, dmat, _ = prep.decay_terms(prep.chunked(g, b, h, n, c))
+        if segment_ids is not None:
+            runs, prev_run = documents.chunk_runs(segment_ids, b, t, tp, c)
+            dmat = jnp.where(documents.same_run(runs.reshape(b, 1, n, c)), dmat, 0.0)
+            big_g, gkey, gcl_masked = documents.masked_weights(big_g, runs, prev_run, c)
         p, gcl = prep.intra_chunk(qc, kc, dmat, gc, dtype)
+        if segment_ids is not None:
+            gcl = gcl_masked.reshape(b, h, n)
 
     if normalize:
         if initial_state is None:
@@ -89,14 +101,18 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None,
     cfg = Config(chunk=c, variant=variant, out_dtype=jnp.dtype(out_dtype).name,
                  block_v=block_v(f, dv, variant, b * h, tuning), tuning=tuning)
     o, st = chunk_recurrence(None, prep.flat(vc), q, k, prep.flat(p.astype(dtype)),
-                             gcl.reshape(b * h, n, 1, 1), big_g,
+                             gcl.reshape(b * h, n, 1, 1), big_g, gkey,
                              s0.reshape(b * h, f, dv), cfg)
     st = st.reshape(b, h, f, dv)
     if normalize:
-        if log_decay is None:
+        if big_g is None:
             qg, kd = qc.astype(jnp.float32), kc.astype(jnp.float32)
-        else:
+        elif gkey is None:
             qg, kd = prep.decayed(qc, kc, gc)
+        else:   # the masked weights (packed documents)
+            weight = lambda lg, x: x.astype(jnp.float32) * jnp.exp(  # noqa: E731
+                prep.chunked(lg, b, h, n, c))[..., None]
+            qg, kd = weight(big_g, qc), weight(gkey, kc)
         den, z = _normaliser(qg, kd, p, gcl, z0)
         den = jnp.moveaxis(den.reshape(b, h, tp), 1, 2)            # (B, Tp, H)
         o = (o / (den[..., None] + eps))[:, :t].astype(dtype)

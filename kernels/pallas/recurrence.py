@@ -36,51 +36,58 @@ from kernels.pallas import bwd_gpu, fwd_gpu, tpu
 from kernels.pallas.plan import Config
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(8,))
-def chunk_recurrence(w, ut, q, k, p, gcl, gam, s0, cfg: Config):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(9,))
+def chunk_recurrence(w, ut, q, k, p, gcl, gam, gkey, s0, cfg: Config):
     """(O (B, Tp, H, V) in cfg.out_dtype, final state (BH, K, V) float32).
 
     w: (BH, Tp, K) or None; ut: (BH, Tp, V); q, k: (B, Tp, H, K), the op's (padded)
-    inputs; p: (BH, Tp, C); gcl: (BH, N, 1, 1) float32; gam: (B, Tp, H) float32, the
-    in-chunk inclusive cumsum G of the log-decays, or None for no decay (then gcl must be
-    0); s0: (BH, K, V) float32. w, ut, q, k, p share one dtype. BH = B * H, batch-major.
+    inputs; p: (BH, Tp, C); gcl: (BH, N, 1, 1) float32, the chunk's log state decay;
+    gam: (B, Tp, H) float32, the log weight of the incoming state at each token (the
+    in-chunk inclusive cumsum G of the log-decays), or None for no decay (then gcl must
+    be 0); gkey: None (the key weights are G_C - G) or (B, Tp, H) float32, the log key
+    weights (packed documents: -inf where a token's document ends inside the chunk, as
+    gam is -inf where it starts there, and gcl where one does); s0: (BH, K, V) float32.
+    w, ut, q, k, p share one dtype. BH = B * H, batch-major.
     """
+    if gkey is not None and gam is None:
+        raise ValueError("chunk_recurrence: gkey needs gam (the masked G)")
     if cfg.variant == "gpu":
-        return tuple(fwd_gpu.forward(w, ut, q, k, p, gcl, gam, s0, cfg))
-    o, st = tpu.forward(w, ut, q, k, p, gcl, gam, s0, cfg, save=False)
+        return tuple(fwd_gpu.forward(w, ut, q, k, p, gcl, gam, gkey, s0, cfg))
+    o, st = tpu.forward(w, ut, q, k, p, gcl, gam, gkey, s0, cfg, save=False)
     return o, st
 
 
-def forward_with_residuals(w, ut, q, k, p, gcl, gam, s0, cfg: Config):
-    """((O, final state), residuals) for backward: (w, ut, q, k, p, gcl, gam, h, u), with
-    h the chunk-start states and u = U where the forward wrote it (the GPU forward of the
-    gated delta rule; ut, no longer needed, is then None)."""
+def forward_with_residuals(w, ut, q, k, p, gcl, gam, gkey, s0, cfg: Config):
+    """((O, final state), residuals) for backward: (w, ut, q, k, p, gcl, gam, gkey, h, u),
+    with h the chunk-start states and u = U where the forward wrote it (the GPU forward of
+    the gated delta rule; ut, no longer needed, is then None)."""
     if cfg.variant == "gpu":
-        o, st, h, u = fwd_gpu.forward_saving(w, ut, q, k, p, gcl, gam, s0, cfg)
+        o, st, h, u = fwd_gpu.forward_saving(w, ut, q, k, p, gcl, gam, gkey, s0, cfg)
     else:
-        (o, st, h), u = tpu.forward(w, ut, q, k, p, gcl, gam, s0, cfg, save=True), None
-    return (o, st), (w, None if u is not None else ut, q, k, p, gcl, gam, h, u)
+        (o, st, h), u = tpu.forward(w, ut, q, k, p, gcl, gam, gkey, s0, cfg, save=True), None
+    return (o, st), (w, None if u is not None else ut, q, k, p, gcl, gam, gkey, h, u)
 
 
 def backward(cfg: Config, res, cts):
-    """(dw | None, dut, dq, dk, dp, dgcl, dgam | None, ds0) from forward_with_residuals'
-    residuals and the cotangents (dO, d final state); dq, dk in the input dtype
-    (B, Tp, H, K) with the decay chain applied, the rest float32 or the input dtype."""
-    w, ut, q, k, p, gcl, gam, h, u = res
+    """(dw | None, dut, dq, dk, dp, dgcl, dgam | None, dgkey | None, ds0) from
+    forward_with_residuals' residuals and the cotangents (dO, d final state); dq, dk in
+    the input dtype (B, Tp, H, K) with the decay chain applied, the rest float32 or the
+    input dtype."""
+    w, ut, q, k, p, gcl, gam, gkey, h, u = res
     do, dst = cts
     dst = dst.astype(jnp.float32)
     if cfg.variant == "gpu":
-        return bwd_gpu.backward(w, ut, q, k, p, gcl, gam, h, do, dst, cfg, u=u)
-    return tpu.backward(w, ut, q, k, p, gcl, gam, h, do, dst, cfg)
+        return bwd_gpu.backward(w, ut, q, k, p, gcl, gam, gkey, h, do, dst, cfg, u=u)
+    return tpu.backward(w, ut, q, k, p, gcl, gam, gkey, h, do, dst, cfg)
 
 
 def _vjp_bwd(cfg, res, cts):
-    w, _, q, k, p, _, _, _, _ = res
-    dw, dut, dq, dk, dp, dgcl, dgam, ds0 = backward(cfg, res, cts)
+    w, _, q, k, p, _, _, _, _, _ = res
+    dw, dut, dq, dk, dp, dgcl, dgam, dgkey, ds0 = backward(cfg, res, cts)
     cast = lambda g, like: None if like is None else g.astype(like.dtype)  # noqa: E731
     # dut in the inputs' dtype (ut may be None here: the forward saved U instead)
     return (cast(dw, w), cast(dut, p), cast(dq, q), cast(dk, k), cast(dp, p), dgcl, dgam,
-            ds0)
+            dgkey, ds0)
 
 
 chunk_recurrence.defvjp(forward_with_residuals, _vjp_bwd)

@@ -48,8 +48,12 @@ def q_decayed(q, gam):
     return (q.astype(jnp.float32) * jnp.exp(gam)).astype(q.dtype)
 
 
-def k_decayed(k, gam, gcl):
-    """Kd = K exp(G_C - G) in the input dtype (gam None: Kd = K)."""
+def k_decayed(k, gam, gcl, gkey=None):
+    """Kd = K exp(G_C - G) in the input dtype (gam None: Kd = K). gkey: the log key
+    weights given instead (packed documents: G_C - G where the token is in the chunk's
+    last document, else -inf), Kd = K exp(gkey)."""
+    if gkey is not None:
+        return (k.astype(jnp.float32) * jnp.exp(gkey)).astype(k.dtype)
     if gam is None:
         return k
     return (k.astype(jnp.float32) * jnp.exp(gcl - gam)).astype(k.dtype)
@@ -63,27 +67,28 @@ def chunk_values(ut, w, sc, prec):
     return u.astype(ut.dtype)
 
 
-def state_step(s, ut, w, k, gam, gcl, prec):
+def state_step(s, ut, w, k, gam, gcl, prec, gkey=None):
     """One chunk of the state recurrence: (S in the input dtype, U, S'); s float32."""
     sc = s.astype(ut.dtype)
     uc = chunk_values(ut, w, sc, prec)
     carried = jnp.exp(gcl) * s
-    return sc, uc, carried + mm(k_decayed(k, gam, gcl), uc, ta=True, precision=prec)
+    kd = k_decayed(k, gam, gcl, gkey)
+    return sc, uc, carried + mm(kd, uc, ta=True, precision=prec)
 
 
-def fwd_chunk(s, w, ut, q, k, p, gcl, gam):
+def fwd_chunk(s, w, ut, q, k, p, gcl, gam, gkey=None):
     """One chunk of the forward: (O float32, S'); s float32 (K, BV)."""
     prec = common.dot_precision(ut.dtype)
-    sc, uc, s_next = state_step(s, ut, w, k, gam, gcl, prec)
+    sc, uc, s_next = state_step(s, ut, w, k, gam, gcl, prec, gkey)
     o = mm(q_decayed(q, gam), sc, precision=prec) + mm(p, uc, precision=prec)
     return o, s_next
 
 
-def dstate_step(ds, w, q, k, p, gam, gcl, doc, prec):
+def dstate_step(ds, w, q, k, p, gam, gcl, doc, prec, gkey=None):
     """One chunk of the dS recurrence, last to first: (dS' in the input dtype, dU, dS);
     ds float32 (K, BV) is the gradient w.r.t. the state after the chunk."""
     dt = doc.dtype
-    qg, kd = q_decayed(q, gam), k_decayed(k, gam, gcl)
+    qg, kd = q_decayed(q, gam), k_decayed(k, gam, gcl, gkey)
     dsc = ds.astype(dt)
     du = (mm(p, doc, ta=True, precision=prec) + mm(kd, dsc, precision=prec)).astype(dt)
     ds = jnp.exp(gcl) * ds + mm(qg, doc, ta=True, precision=prec)
@@ -92,7 +97,7 @@ def dstate_step(ds, w, q, k, p, gam, gcl, doc, prec):
     return dsc, du, ds
 
 
-def bwd_chunk(s, ds, w, ut, q, k, p, gcl, gam, do):
+def bwd_chunk(s, ds, w, ut, q, k, p, gcl, gam, do, gkey=None):
     """Vector-Jacobian product of one chunk (the TPU backward's body). s: the chunk-start
     state, ds: dL/d(next state). Returns (ds_prev, dut, dw, dqg, dkd, dp, dgcl) with dqg,
     dkd w.r.t. Qg, Kd (the decay factors are applied by the caller)."""
@@ -101,7 +106,7 @@ def bwd_chunk(s, ds, w, ut, q, k, p, gcl, gam, do):
     sc = s.astype(dt)
     doc = do.astype(dt)
     uc = chunk_values(ut, w, sc, prec)
-    dsc, du, ds_prev = dstate_step(ds, w, q, k, p, gam, gcl, doc, prec)
+    dsc, du, ds_prev = dstate_step(ds, w, q, k, p, gam, gcl, doc, prec, gkey)
     dw = None if w is None else -mm(du, sc, tb=True, precision=prec)
     dqg = mm(doc, sc, tb=True, precision=prec)
     dp = mm(doc, uc, tb=True, precision=prec)
@@ -111,24 +116,30 @@ def bwd_chunk(s, ds, w, ut, q, k, p, gcl, gam, do):
     return ds_prev, du, dw, dqg, dkd, dp, dgcl
 
 
-def split_refs(refs, has_w, has_g):
-    """Kernel refs in call order: [w] ut q k p gcl [gam], then the rest (returned)."""
+def split_refs(refs, has_w, has_g, has_key=False):
+    """Kernel refs in call order: [w] ut q k p gcl [gam] [gkey], then the rest (returned
+    after the first tuple; gkey's ref last in it)."""
     refs = list(refs)
     w_ref = refs.pop(0) if has_w else None
     ut_ref, q_ref, k_ref, p_ref, gcl_ref = refs[:5]
     refs = refs[5:]
     g_ref = refs.pop(0) if has_g else None
-    return (w_ref, ut_ref, q_ref, k_ref, p_ref, gcl_ref, g_ref), refs
+    key_ref = refs.pop(0) if has_key else None
+    return (w_ref, ut_ref, q_ref, k_ref, p_ref, gcl_ref, g_ref, key_ref), refs
 
 
 # ----------------------------------------------------------------------------- UT transform
 
-def decay_mask(g, chunk):
+def decay_mask(g, chunk, runs=None):
     """(D, rows, cols): D_ts = exp(G_t - G_s) for s <= t, else 0 (masked before the exp:
-    above the diagonal G_t - G_s > 0 could overflow); g the (C,) in-chunk cumsum."""
+    above the diagonal G_t - G_s > 0 could overflow); g the (C,) in-chunk cumsum. runs:
+    the (C,) run index of each token (packed documents): D is 0 across runs too."""
     rows = lax.broadcasted_iota(jnp.int32, (chunk, chunk), 0)
     cols = lax.broadcasted_iota(jnp.int32, (chunk, chunk), 1)
-    return jnp.exp(jnp.where(rows >= cols, g[:, None] - g[None, :], -jnp.inf)), rows, cols
+    mask = rows >= cols
+    if runs is not None:
+        mask = mask & (runs[:, None] == runs[None, :])
+    return jnp.exp(jnp.where(mask, g[:, None] - g[None, :], -jnp.inf)), rows, cols
 
 
 def solve_precision(dtype, setting: str):
@@ -140,14 +151,17 @@ def solve_precision(dtype, setting: str):
     return lax.Precision.HIGH
 
 
-def a_blocks(k_of, g_of, b_of, prec):
+def a_blocks(k_of, g_of, b_of, prec, runs_of=None):
     """a_block(i, j) for block_inverse: A_ij = beta_i exp(G_i - G_j) (K_i K_j^T), strictly
-    lower on the diagonal, from the 16-row blocks k_of(i), g_of(i), b_of(i)."""
+    lower on the diagonal, from the 16-row blocks k_of(i), g_of(i), b_of(i); with
+    runs_of(i), the blocks' run indices, 0 across runs (packed documents)."""
     r16 = lax.broadcasted_iota(jnp.int32, (BS, BS), 0)
     c16 = lax.broadcasted_iota(jnp.int32, (BS, BS), 1)
 
     def a_block(i, j):
         mask = (r16 > c16) if i == j else (r16 >= 0)
+        if runs_of is not None:
+            mask = mask & (runs_of(i)[:, None] == runs_of(j)[None, :])
         diff = jnp.where(mask, g_of(i)[:, None] - g_of(j)[None, :], -jnp.inf)
         return b_of(i)[:, None] * jnp.exp(diff) * mm(k_of(i), k_of(j), tb=True,
                                                       precision=prec)

@@ -424,23 +424,25 @@ def _fake_pallas(monkeypatch, *, supported, dims=None):
     dims = [] if dims is None else dims
 
     def linear_attention(q, k, v, *, normalize, eps, log_decay, initial_state,
-                         return_state, chunk_size):
+                         return_state, chunk_size, segment_ids=None):
         calls.append("la")
         dims.append((k.shape[-1], v.shape[-1]))
         if not supported:
             raise NotImplementedError("fake kernel")
         return ops.linear_attention(q, k, v, normalize=normalize, eps=eps,
                                     log_decay=log_decay, initial_state=initial_state,
-                                    return_state=return_state, impl="recurrent")
+                                    return_state=return_state, impl="recurrent",
+                                    segment_ids=segment_ids)
 
     def gated_delta_rule(q, k, v, log_alpha, beta, *, initial_state, return_state,
-                         chunk_size):
+                         chunk_size, segment_ids=None):
         calls.append("gdr")
         dims.append((k.shape[-1], v.shape[-1]))
         if not supported:
             raise NotImplementedError("fake kernel")
         return ops.gated_delta_rule(q, k, v, log_alpha, beta, initial_state=initial_state,
-                                    return_state=return_state, impl="recurrent")
+                                    return_state=return_state, impl="recurrent",
+                                    segment_ids=segment_ids)
 
     mod = types.ModuleType("kernels.pallas")
     mod.linear_attention, mod.gated_delta_rule = linear_attention, gated_delta_rule
@@ -461,10 +463,11 @@ def test_auto_dispatches_to_pallas_on_gpu(monkeypatch, supported):
     o, _ = run_eager("la", x, "auto", 4)
     assert calls == ["gdr", "la"]
     assert_close(o, reference("la", x)[0], "auto on (fake) gpu")
-    # with segment_ids auto never calls the kernel
+    # packed documents (segment_ids) go to the kernel too
     x = make_inputs("gdr", 9, segs=True, seed=2)
-    run_eager("gdr", x, "auto", 4)
-    assert calls == ["gdr", "la"]
+    o, _ = run_eager("gdr", x, "auto", 4)
+    assert calls == ["gdr", "la", "gdr"]
+    assert_close(o, reference("gdr", x)[0], "auto with segment_ids on (fake) gpu")
     if not supported:
         with pytest.raises(NotImplementedError):
             run_eager("gdr", make_inputs("gdr", 9, segs=False), "pallas", 4)
@@ -491,8 +494,6 @@ def test_errors_name_the_problem():
     la, be = jnp.asarray(x["log_alpha"]), jnp.asarray(x["beta"])
     with pytest.raises(ValueError, match="unknown impl 'fast'.*parallel, recurrent, chunk"):
         ops.gated_delta_rule(q, k, v, la, be, impl="fast")
-    with pytest.raises(ValueError, match="pallas.*segment_ids"):
-        ops.linear_attention(q, k, v, impl="pallas", segment_ids=np.ones((B, 5), int))
     with pytest.raises(ValueError, match="q .* and k .* must have the same shape"):
         ops.linear_attention(q, k[..., :3], v)
     with pytest.raises(ValueError, match="log_decay must have shape"):

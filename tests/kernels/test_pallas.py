@@ -291,8 +291,6 @@ def test_decode_steps_match_float64_step():
 
 def test_unsupported_inputs_raise_not_implemented():
     q, k, v, g, beta, _ = gdn_inputs(7, 1, 8, 1, 16, 16)
-    with pytest.raises(NotImplementedError, match="segment_ids"):
-        kp.gated_delta_rule(q, k, v, g, beta, segment_ids=np.ones((1, 8), np.int32))
     with pytest.raises(NotImplementedError, match="power-of-two"):
         kp.linear_attention(q[..., :12], k[..., :12], v, normalize=False)
     wide = jnp.zeros((*q.shape[:-1], 512), q.dtype)
