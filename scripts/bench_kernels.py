@@ -52,7 +52,10 @@ DECODE_B = 64
 # fla's chunk_gated_delta_rule uses 64.
 CHUNK = 64
 # --skip names: the row groups that can be left out.
-SKIPPABLE = ("pallas", "chunk", "bv64", "cudnn", "fla", "flagraph")
+SKIPPABLE = ("pallas", "chunk", "bv64", "cudnn", "fla", "flagraph", "packed")
+# Packed rows: documents of log-normal lengths (mean PACKED_MEAN tokens, log-space std
+# PACKED_SIGMA) back to back in each row, every row starting a new document.
+PACKED_MEAN, PACKED_SIGMA = 512, 1.0
 
 
 # ----------------------------------------------------------------------------- settings
@@ -166,6 +169,31 @@ def decode_inputs(key=None, h=H, d=D):
     return q, k, v, g, beta, state
 
 
+def packed_lengths(seed: int, b: int, t: int, mean: float = PACKED_MEAN,
+                   sigma: float = PACKED_SIGMA) -> list[list[int]]:
+    """Each row's document lengths: log-normal draws with the given mean (at least one
+    token each), the last one cut to fill the row exactly."""
+    import numpy as np
+    rng = np.random.default_rng(seed)
+    mu = np.log(mean) - sigma ** 2 / 2          # the log-normal's mean is exp(mu + s^2/2)
+    rows = []
+    for _ in range(b):
+        lengths, left = [], t
+        while left > 0:
+            n = int(min(left, max(1, round(rng.lognormal(mu, sigma)))))
+            lengths.append(n)
+            left -= n
+        rows.append(lengths)
+    return rows
+
+
+def segment_ids_of(rows: list[list[int]]):
+    """(B, T) int32 segment ids: document i of a row has id i."""
+    import numpy as np
+    return jnp.asarray(np.stack([np.repeat(np.arange(len(r)), r) for r in rows]),
+                       jnp.int32)
+
+
 def la_inputs(key, b, t, dtype=jnp.bfloat16, h=H, d=D):
     """Positive features (a feature map's output), normalised so sums stay O(1)."""
     kq, kk, kv = jax.random.split(key, 3)
@@ -177,31 +205,35 @@ def la_inputs(key, b, t, dtype=jnp.bfloat16, h=H, d=D):
 
 # ----------------------------------------------------------------------------- our ops
 
-def gdn_fn(impl, tuning: Tuning = DEFAULT_TUNING, chunk: int = CHUNK):
+def gdn_fn(impl, tuning: Tuning = DEFAULT_TUNING, chunk: int = CHUNK, segment_ids=None):
     """The GDN forward of impl: "pallas" at tuning, "pallas-xlaprep" (Pallas recurrence,
     XLA chunk preparation), "pallas-bv64" (tuning with 64 value columns per sequential
-    program), or a kernels.ops impl ("chunk", ...)."""
+    program), or a kernels.ops impl ("chunk", ...); segment_ids: packed documents (the
+    "pallas" and ops impls)."""
     def f(q, k, v, g, beta):
         if impl == "pallas":
-            return kp.gated_delta_rule(q, k, v, g, beta, chunk_size=chunk, tuning=tuning)
+            return kp.gated_delta_rule(q, k, v, g, beta, chunk_size=chunk, tuning=tuning,
+                                       segment_ids=segment_ids)
         if impl == "pallas-xlaprep":
             return kp.gated_delta_rule(q, k, v, g, beta, chunk_size=chunk, fused_prep=False,
                                        tuning=tuning)
         if impl == "pallas-bv64":
             return kp.gated_delta_rule(q, k, v, g, beta, chunk_size=chunk,
                                        tuning=dataclasses.replace(tuning, block_v=64))
-        return ops.gated_delta_rule(q, k, v, g, beta, impl=impl, chunk_size=chunk)
+        return ops.gated_delta_rule(q, k, v, g, beta, impl=impl, chunk_size=chunk,
+                                    segment_ids=segment_ids)
     return f
 
 
-def la_fn(impl, tuning: Tuning = DEFAULT_TUNING, chunk: int = CHUNK):
+def la_fn(impl, tuning: Tuning = DEFAULT_TUNING, chunk: int = CHUNK, segment_ids=None):
     """The normalised linear-attention forward of impl: "pallas" at tuning, or a
-    kernels.ops impl."""
+    kernels.ops impl; segment_ids: packed documents."""
     def f(q, k, v):
         if impl == "pallas":
             return kp.linear_attention(q, k, v, normalize=True, chunk_size=chunk,
-                                       tuning=tuning)
-        return ops.linear_attention(q, k, v, normalize=True, impl=impl, chunk_size=chunk)
+                                       tuning=tuning, segment_ids=segment_ids)
+        return ops.linear_attention(q, k, v, normalize=True, impl=impl, chunk_size=chunk,
+                                    segment_ids=segment_ids)
     return f
 
 
@@ -280,6 +312,20 @@ def fla_rows(torch, fops, b, t, graph=False, h=H, d=D):
     return out
 
 
+def fla_varlen(torch, fops, rows, h=H, d=D, graph=False):
+    """fla's chunk_gated_delta_rule forward over packed documents: every row's documents
+    as one (1, B*T) sequence with cu_seqlens at each document's start (fla's varlen
+    interface)."""
+    import numpy as np
+    total = sum(map(sum, rows))
+    q, k, v, g, beta = fla_gdn_inputs(torch, 1, total, h, d)
+    starts = np.concatenate([[0], np.cumsum([n for r in rows for n in r])])
+    cu = torch.tensor(starts, dtype=torch.long, device="cuda")
+    with torch.no_grad():
+        return time_torch(lambda: fops.chunk_gated_delta_rule(q, k, v, g, beta,
+                                                              cu_seqlens=cu), graph)
+
+
 def fla_decode(torch, fops, h=H, d=D):
     q, k, v, g, beta = fla_gdn_inputs(torch, DECODE_B, 1, h, d)
     s = torch.randn(DECODE_B, h, d, d, device="cuda").float()
@@ -297,6 +343,10 @@ def parse_args(argv=None):
     ap.add_argument("--shapes", default="8x2048,2x8192,1x32768")
     ap.add_argument("--skip", default="",
                     help=f"comma list of row groups to skip ({', '.join(SKIPPABLE)})")
+    ap.add_argument("--packed", default="2x8192,1x32768",
+                    help="BxT rows of packed documents (log-normal lengths, mean "
+                         f"{PACKED_MEAN}) for rows 'pallas-packed' and fla's varlen "
+                         "forward 'fla-varlen' ('' for none)")
     ap.add_argument("--chunk-shapes", default="",
                     help="time the pure-JAX chunk forms only at these shapes "
                          "(default: all)")
@@ -560,8 +610,53 @@ def main(argv=None):
         if (b, t) in chunk_shapes and b * t <= 16384:   # also with the chunk rows skipped
             attempt(f"accuracy {b}x{t}", acc)
 
+    packed = [] if "packed" in skip or not args.packed else [
+        tuple(int(x) for x in s.split("x")) for s in args.packed.split(",")]
+    for b, t in packed:
+        time_packed(b, t, tuning, chunk, h, d, record, attempt, checks, torch, fops)
+
     write_outputs(pathlib.Path(args.out), [run_meta])
     print(markdown([run_meta]))
+
+
+def time_packed(b, t, tuning, chunk, h, d, record, attempt, checks, torch, fops):
+    """Rows of packed documents: our kernels with segment_ids ("pallas-packed": GDN and
+    linear attention, fwd and fwd+bwd), fla's varlen GDN forward (the anchor), and the
+    bf16 error of the packed GDN forward against the float32 chunk form."""
+    rows = packed_lengths(b * t, b, t)
+    seg = segment_ids_of(rows)
+    docs = sum(map(len, rows))
+    print(f"# packed B{b} T{t}: {docs} documents, mean length {b * t / docs:.0f}",
+          flush=True)
+    n_tok = b * t * h * d
+    fwd_bytes, fb_bytes = 4 * n_tok * 2, 11 * n_tok * 2
+    key = jax.random.PRNGKey(b * t + 1)
+    q, k, v, g, beta = gdn_inputs(key, b, t, h=h, d=d)
+    qa, ka, va = la_inputs(jax.random.fold_in(key, 1), b, t, h=h, d=d)
+    do = jax.random.normal(jax.random.fold_in(key, 2), v.shape, jnp.float32).astype(v.dtype)
+    gdn_f = gdn_fn("pallas", tuning, chunk, seg)
+    la_f = la_fn("pallas", tuning, chunk, seg)
+    for op, f, xs in (("gdn", gdn_f, (q, k, v, g, beta)), ("linear", la_f, (qa, ka, va))):
+        attempt(f"{op} pallas-packed fwd {b}x{t}", lambda: record(
+            op, "pallas-packed", "fwd", b, t, time_jax(jax.jit(f), *xs), fwd_bytes))
+        attempt(f"{op} pallas-packed fwd+bwd {b}x{t}", lambda: record(
+            op, "pallas-packed", "fwd+bwd", b, t,
+            time_jax(fwd_bwd(f, len(xs)), *xs, do), fb_bytes))
+    if fops is not None:
+        s = attempt(f"fla-varlen {b}x{t}", lambda: fla_varlen(torch, fops, rows, h, d))
+        if s:
+            record("gdn", "fla-varlen", "fwd", b, t, s, fwd_bytes)
+
+    def acc():
+        f32 = lambda x: x.astype(jnp.float32)  # noqa: E731
+        ref = jax.jit(gdn_fn("chunk", chunk=chunk, segment_ids=seg))(
+            f32(q), f32(k), f32(v), g, beta)
+        got = jax.jit(gdn_f)(q, k, v, g, beta)
+        checks[f"packed {b}x{t}"] = {"gdn_o": rel_rms(got, ref)}
+        print(f"# rel RMS error bf16 pallas vs f32 chunk packed {b}x{t}: gdn_o "
+              f"{checks[f'packed {b}x{t}']['gdn_o']:.2e}", flush=True)
+    if b * t <= 16384:
+        attempt(f"accuracy packed {b}x{t}", acc)
 
 
 def git_commit():
@@ -578,10 +673,11 @@ def git_commit():
 
 
 def add_ratios(records):
-    """ratio_to_anchor: fla forward for "fwd", cuDNN for "fwd+bwd", fla fused recurrent for
-    "decode", taken from the same run only."""
+    """ratio_to_anchor: fla forward for "fwd" (its varlen forward for packed rows), cuDNN
+    for "fwd+bwd", fla fused recurrent for "decode", taken from the same run only."""
     for rec in records:
-        want = {"fwd": ("fla", rec["op"]), "fwd+bwd": ("cudnn", "softmax"),
+        fla = "fla-varlen" if rec["impl"].endswith("packed") else "fla"
+        want = {"fwd": (fla, rec["op"]), "fwd+bwd": ("cudnn", "softmax"),
                 "decode": ("fla-fused-recurrent", "gdn")}[rec["pass"]]
         ref = [r["ms"] for r in records
                if (r["impl"], r["op"], r["pass"], r["B"], r["T"])
