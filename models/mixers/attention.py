@@ -42,8 +42,8 @@ class _Attention(Mixer):
 
     @classmethod
     def flops_per_token(cls, cfg: ModelConfig, seq_len: int) -> float:
-        """2 D per key for the score and 2 D for the weighted value, per query head: over
-        the full context as if non-causal (nanoGPT's 12 L d T = 3 x 4 L d T)."""
+        """2 D per key for the score and 2 D for the weighted value, per query head, over
+        every key in reach as if non-causal (nanoGPT's 12 L d T = 3 x 4 L d T)."""
         keys = cls._keys_per_query(cfg, seq_len)
         return 4.0 * keys * cfg.num_heads * cfg.resolved_head_dim
 
