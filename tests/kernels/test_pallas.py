@@ -94,30 +94,40 @@ def np_linear(q, k, v, g, s0, z0, normalize, eps):
     return o, s, z
 
 
-def jax_gdn64(q, k, v, g, beta, s0):
-    """float64 lax.scan of the same recurrence, for gradients."""
+def _no_starts(q):
+    return jnp.zeros(q.shape[:2], bool)
+
+
+def jax_gdn64(q, k, v, g, beta, s0, starts=None):
+    """float64 lax.scan of the same recurrence, for gradients; starts (B, T) bool: the
+    state is zeroed before those tokens (packed documents)."""
     def step(s, x):
-        qt, kt, vt, gt, bt = x
+        qt, kt, vt, gt, bt, st = x
+        s = jnp.where(st[:, None, None, None], 0.0, s)
         s = jnp.exp(gt)[..., None, None] * s
         err = vt - jnp.einsum("bhk,bhkv->bhv", kt, s)
         s = s + bt[..., None, None] * kt[..., :, None] * err[..., None, :]
         return s, jnp.einsum("bhk,bhkv->bhv", qt, s)
-    xs = tuple(jnp.moveaxis(x, 1, 0) for x in (q, k, v, g, beta))
+    starts = _no_starts(q) if starts is None else starts
+    xs = tuple(jnp.moveaxis(x, 1, 0) for x in (q, k, v, g, beta, starts))
     s, o = jax.lax.scan(step, s0, xs)
     return jnp.moveaxis(o, 0, 1), s
 
 
-def jax_linear64(q, k, v, g, s0, z0, normalize, eps):
+def jax_linear64(q, k, v, g, s0, z0, normalize, eps, starts=None):
     def step(carry, x):
         s, z = carry
-        qt, kt, vt, gt = x
+        qt, kt, vt, gt, st = x
+        s = jnp.where(st[:, None, None, None], 0.0, s)
+        z = jnp.where(st[:, None, None], 0.0, z)
         a = jnp.exp(gt)
         s = a[..., None, None] * s + kt[..., :, None] * vt[..., None, :]
         z = a[..., None] * z + kt
         num = jnp.einsum("bhk,bhkv->bhv", qt, s)
         out = num / (jnp.einsum("bhk,bhk->bh", qt, z)[..., None] + eps) if normalize else num
         return (s, z), out
-    xs = tuple(jnp.moveaxis(x, 1, 0) for x in (q, k, v, g))
+    starts = _no_starts(q) if starts is None else starts
+    xs = tuple(jnp.moveaxis(x, 1, 0) for x in (q, k, v, g, starts))
     (s, z), o = jax.lax.scan(step, (s0, z0), xs)
     return jnp.moveaxis(o, 0, 1), s, z
 

@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 
 import kernels.pallas as kp
-from tests.kernels import reference
+from tests.kernels import reference, test_pallas
 
 C = 32
 B, T, H, K, V = 3, 70, 2, 16, 32
@@ -46,46 +46,7 @@ def rel(a, b):
 
 
 def gdn_inputs(seed):
-    rng = np.random.default_rng(seed)
-    q = rng.standard_normal((B, T, H, K)).astype(np.float32)
-    k = rng.standard_normal((B, T, H, K)).astype(np.float32)
-    k /= np.linalg.norm(k, axis=-1, keepdims=True)
-    v = rng.standard_normal((B, T, H, V)).astype(np.float32)
-    g = np.log(rng.uniform(0.7, 1.0, (B, T, H))).astype(np.float32)
-    beta = rng.uniform(0.0, 1.0, (B, T, H)).astype(np.float32)
-    s0 = (0.3 * rng.standard_normal((B, H, K, V))).astype(np.float32)
-    return q, k, v, g, beta, s0
-
-
-def jax_gdn64_reset(q, k, v, g, beta, s0, starts):
-    """float64 lax.scan of the gated delta rule, the state zeroed at each start."""
-    def step(s, x):
-        qt, kt, vt, gt, bt, st = x
-        s = jnp.where(st[:, None, None, None], 0.0, s)
-        s = jnp.exp(gt)[..., None, None] * s
-        err = vt - jnp.einsum("bhk,bhkv->bhv", kt, s)
-        s = s + bt[..., None, None] * kt[..., :, None] * err[..., None, :]
-        return s, jnp.einsum("bhk,bhkv->bhv", qt, s)
-    xs = tuple(jnp.moveaxis(x, 1, 0) for x in (q, k, v, g, beta, starts))
-    s, o = jax.lax.scan(step, s0, xs)
-    return jnp.moveaxis(o, 0, 1), s
-
-
-def jax_linear64_reset(q, k, v, g, s0, z0, starts, normalize, eps):
-    def step(carry, x):
-        s, z = carry
-        qt, kt, vt, gt, st = x
-        s = jnp.where(st[:, None, None, None], 0.0, s)
-        z = jnp.where(st[:, None, None], 0.0, z)
-        a = jnp.exp(gt)
-        s = a[..., None, None] * s + kt[..., :, None] * vt[..., None, :]
-        z = a[..., None] * z + kt
-        num = jnp.einsum("bhk,bhkv->bhv", qt, s)
-        out = num / (jnp.einsum("bhk,bhk->bh", qt, z)[..., None] + eps) if normalize else num
-        return (s, z), out
-    xs = tuple(jnp.moveaxis(x, 1, 0) for x in (q, k, v, g, starts))
-    (s, z), o = jax.lax.scan(step, (s0, z0), xs)
-    return jnp.moveaxis(o, 0, 1), s, z
+    return test_pallas.gdn_inputs(seed, B, T, H, K, V)
 
 
 def grads64(loss_of_outputs, fn64, args):
@@ -117,7 +78,7 @@ def test_gdn_with_segments_matches_float64(variant, fused_prep):
         *a[:5], initial_state=a[5], return_state=True, **kw), np.float32),
         argnums=tuple(range(6)))(q, k, v, g, beta, s0)
     starts = starts_of(seg)
-    ref = grads64(loss, lambda *a: jax_gdn64_reset(*a, starts), (q, k, v, g, beta, s0))
+    ref = grads64(loss, lambda *a: test_pallas.jax_gdn64(*a, starts), (q, k, v, g, beta, s0))
     for name, a, r in zip(["dq", "dk", "dv", "dlog_alpha", "dbeta", "ds0"], got, ref):
         assert rel(a, r) <= 1e-5, (name, rel(a, r))
 
@@ -129,21 +90,7 @@ LINEAR_CASES = [(True, "tokens"), (False, None), (True, None), (False, "heads")]
 @pytest.mark.parametrize("normalize,decay", LINEAR_CASES)
 def test_linear_with_segments_matches_float64(variant, normalize, decay):
     seg = segment_ids()
-    rng = np.random.default_rng(2)
-    q = rng.standard_normal((B, T, H, K)).astype(np.float32)
-    k = rng.standard_normal((B, T, H, K)).astype(np.float32)
-    if normalize:   # positive features, as a feature map gives
-        q, k = np.exp(0.5 * q), np.exp(0.5 * k)
-    v = rng.standard_normal((B, T, H, V)).astype(np.float32)
-    if decay is None:
-        ld, g = None, np.zeros((B, T, H), np.float32)
-    elif decay == "heads":
-        ld = np.log(rng.uniform(0.8, 1.0, (H,))).astype(np.float32)
-        g = np.broadcast_to(ld, (B, T, H)).astype(np.float32)
-    else:
-        ld = g = np.log(rng.uniform(0.7, 1.0, (B, T, H))).astype(np.float32)
-    s0 = (0.3 * rng.standard_normal((B, H, K, V))).astype(np.float32)
-    z0 = rng.uniform(0.5, 1.5, (B, H, K)).astype(np.float32)
+    q, k, v, ld, g, s0, z0 = test_pallas.linear_inputs(2, T, decay, normalize, B, H, K, V)
     eps = 1e-6
     init = (s0, z0) if normalize else s0
     kw = dict(normalize=normalize, eps=eps, segment_ids=seg, chunk_size=C, variant=variant)
@@ -179,8 +126,8 @@ def test_linear_with_segments_matches_float64(variant, normalize, decay):
 
     def ref_fn(q, k, v, gg, s0, z0):
         gt = jnp.broadcast_to(gg, q.shape[:3])
-        return jax_linear64_reset(q, k, v, gt, s0, z0 if normalize else 0 * z0, starts,
-                                  normalize, eps)
+        return test_pallas.jax_linear64(q, k, v, gt, s0, z0 if normalize else 0 * z0,
+                                        normalize, eps, starts)
     ref = grads64(loss, ref_fn, (q, k, v, g_in, s0, z0))
     names = ["dq", "dk", "dv", "dlog_decay", "ds0", "dz0"]
     checks = [0, 1, 2, 4] + ([3] if decay else []) + ([5] if normalize else [])
