@@ -27,9 +27,10 @@ def flat(x):
 
 def einsum(spec, *xs, dtype):
     """Products of input-dtype operands accumulated in float32 (full float32 precision
-    when the inputs are float32)."""
+    when the inputs are float32; float64 inputs, the tests' oracles, stay float64: GPU
+    GEMMs take no float64 operands with a float32 result)."""
     return jnp.einsum(spec, *xs, precision=common.dot_precision(dtype),
-                      preferred_element_type=jnp.float32)
+                      preferred_element_type=jnp.promote_types(dtype, jnp.float32))
 
 
 def decay_terms(g):
