@@ -28,8 +28,10 @@ def cache_nbytes(cache: Any) -> int:
                    for x in jax.tree_util.tree_leaves(cache) if hasattr(x, "shape")))
 
 
-def sample_logits(logits: jax.Array, key: jax.Array, temperature: float, top_k: int) -> jax.Array:
-    """Next tokens (B,) from logits (B,V): argmax at temperature 0, else top-k softmax sampling."""
+def sample_logits(logits: jax.Array, key: jax.Array, temperature: float,
+                  top_k: int) -> jax.Array:
+    """Next tokens (B,) from logits (B,V): argmax at temperature 0, else top-k softmax
+    sampling."""
     if temperature <= 0.0:
         return jnp.argmax(logits, axis=-1).astype(jnp.int32)
     logits = logits.astype(jnp.float32) / temperature
@@ -88,7 +90,8 @@ def generate(model: nnx.Module, prompt: np.ndarray, max_new_tokens: int, *,
     prefill_s = time.perf_counter() - t0
 
     key = jax.random.PRNGKey(seed)
-    decode_c = jax.jit(decode, donate_argnums=(2,)).lower(state, logits, cache, key).compile()
+    decode_c = jax.jit(decode, donate_argnums=(2,)).lower(state, logits, cache,
+                                                          key).compile()
     t0 = time.perf_counter()
     toks, cache = jax.block_until_ready(decode_c(state, logits, cache, key))
     decode_s = time.perf_counter() - t0
@@ -113,8 +116,10 @@ def run(workdir: str, prompt: str, max_new_tokens: int, temperature: float = 0.8
     text = dataset.tokenizer.decode([int(t) for t in out["tokens"][0]])
     return {"text": text, "prompt": prompt, "new_tokens": max_new_tokens,
             "tokens_per_s": out["tokens_per_s"], "prefill_s": out["prefill_s"],
-            "decode_s": out["decode_s"], "state_bytes": out["state_bytes"], "step": int(step),
-            "mixers": sorted(set(model.layer_mixers())) if hasattr(model, "layer_mixers") else None}
+            "decode_s": out["decode_s"], "state_bytes": out["state_bytes"],
+            "step": int(step),
+            "mixers": (sorted(set(model.layer_mixers())) if hasattr(model, "layer_mixers")
+                       else None)}
 
 
 @common.user_errors
@@ -125,17 +130,20 @@ def main(argv):
     r = run(f.workdir, f.prompt, f.max_new_tokens, f.temperature, f.top_k, f.seed)
     print(r["prompt"] + r["text"])
     print(f"\n[{r['new_tokens']} tokens, {r['tokens_per_s']:.1f} tokens/s decode, "
-          f"prefill {r['prefill_s'] * 1e3:.1f} ms, decode state {r['state_bytes']:,} bytes]")
+          f"prefill {r['prefill_s'] * 1e3:.1f} ms, decode state {r['state_bytes']:,} "
+          f"bytes]")
     common.print_json({k: v for k, v in r.items() if k != "text"})
 
 
 if __name__ == "__main__":
     from absl import app, flags
 
-    flags.DEFINE_string("workdir", None, "Run directory written by train.py.", required=True)
+    flags.DEFINE_string("workdir", None, "Run directory written by train.py.",
+                        required=True)
     flags.DEFINE_string("prompt", None, "Text to continue.", required=True)
     flags.DEFINE_integer("max_new_tokens", 200, "Tokens to generate.")
     flags.DEFINE_float("temperature", 0.8, "Softmax temperature; 0 is greedy (argmax).")
-    flags.DEFINE_integer("top_k", 0, "Sample from the k most likely tokens only; 0 keeps all.")
+    flags.DEFINE_integer("top_k", 0,
+                         "Sample from the k most likely tokens only; 0 keeps all.")
     flags.DEFINE_integer("seed", 0, "Random seed of the sampler.")
     app.run(main)

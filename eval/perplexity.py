@@ -1,6 +1,7 @@
 """Perplexity and bits per byte of a trained run.
 
-    python -m eval.perplexity --workdir=DIR [--files=GLOB] [--batch_size=16 --num_batches=50]
+    python -m eval.perplexity --workdir=DIR [--files=GLOB] \
+        [--batch_size=16 --num_batches=50]
 
 Default data: the run's own held-out split (`dataset.eval_batches`). With --files, the
 matching text files tokenised with the run's tokenizer and cut into windows of the
@@ -38,7 +39,8 @@ def byte_counter(tokenizer) -> Callable[[list], int]:
         return lambda ids: len(decode(ids).encode("utf-8"))
 
 
-def target_bytes(targets: np.ndarray, mask: np.ndarray, count: Callable[[list], int]) -> int:
+def target_bytes(targets: np.ndarray, mask: np.ndarray,
+                 count: Callable[[list], int]) -> int:
     """Bytes of the evaluated targets, one whole row at a time (not token by token, so
     multi-byte characters and sentencepiece's word-boundary spaces come out right)."""
     total = 0
@@ -69,8 +71,9 @@ def evaluate(stats_fn, batches: Iterable[Mapping[str, np.ndarray]],
         tokens += int((mask > 0).sum())
         nbytes += target_bytes(batch["targets"], mask, count_bytes)
     if tokens == 0:
-        raise ValueError("no evaluated tokens: the held-out split or --files gave empty batches "
-                         "(check the data config's eval split, or that --files matches text files)")
+        raise ValueError("no evaluated tokens: the held-out split or --files gave empty "
+                         "batches (check the data config's eval split, or that --files "
+                         "matches text files)")
     loss = nats / tokens
     return {
         "loss": loss,
@@ -91,8 +94,8 @@ def file_batches(pattern: str, encode: Callable[[str], list], seq_len: int,
     """
     paths = sorted(p for p in globlib.glob(pattern, recursive=True))
     if not paths:
-        raise FileNotFoundError(f"--files={pattern!r} matches no file: give a glob of text files, "
-                                "e.g. --files='data/*.txt'")
+        raise FileNotFoundError(f"--files={pattern!r} matches no file: give a glob of text "
+                                "files, e.g. --files='data/*.txt'")
     rows = []
     for path in paths:
         with open(path, encoding="utf-8", errors="replace") as f:
@@ -141,8 +144,11 @@ def main(argv):
 if __name__ == "__main__":
     from absl import app, flags
 
-    flags.DEFINE_string("workdir", None, "Run directory written by train.py.", required=True)
-    flags.DEFINE_string("files", None, "Glob of text files to evaluate instead of the held-out split.")
+    flags.DEFINE_string("workdir", None, "Run directory written by train.py.",
+                        required=True)
+    flags.DEFINE_string("files", None,
+                        "Glob of text files to evaluate instead of the held-out split.")
     flags.DEFINE_integer("batch_size", 16, "Sequences per batch.")
-    flags.DEFINE_integer("num_batches", 50, "Held-out batches to evaluate (ignored with --files).")
+    flags.DEFINE_integer("num_batches", 50,
+                         "Held-out batches to evaluate (ignored with --files).")
     app.run(main)

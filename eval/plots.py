@@ -18,8 +18,10 @@ def _save(fig, path: str) -> str:
     return path
 
 
-def niah_heatmap(cells: Sequence[dict], path: str, title: str = "needle in a haystack") -> str:
-    """Exact-match accuracy as a depth (rows) x length (columns) heatmap, values written in."""
+def niah_heatmap(cells: Sequence[dict], path: str,
+                 title: str = "needle in a haystack") -> str:
+    """Exact-match accuracy as a depth (rows) x length (columns) heatmap, values written
+    in."""
     lengths = sorted({int(c["length"]) for c in cells})
     depths = sorted({float(c["depth"]) for c in cells})
     val = {(int(c["length"]), float(c["depth"])): float(c["exact"]) for c in cells}
@@ -70,7 +72,8 @@ def recall_vs_state(points: Sequence[dict], path: str, metric_label: str = "MQAR
     colors = {m: plt.cm.tab10(i % 10) for i, m in enumerate(mixers)}
     # wide enough for the legend beside the last panel, where it hides no point
     fig, axes = plt.subplots(1, max(len(settings), 1),
-                             figsize=(4.2 * max(len(settings), 1) + 2.2, 3.8), squeeze=False)
+                             figsize=(4.2 * max(len(settings), 1) + 2.2, 3.8),
+                             squeeze=False)
     for ax, setting in zip(axes[0], settings):
         for m in mixers:
             pts = sorted((p["state_size"], p["value"]) for p in by_setting[setting]

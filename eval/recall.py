@@ -1,7 +1,9 @@
 """Recall of a trained run: MQAR by (sequence length, kv pairs), NIAH by (length, depth).
 
-    python -m eval.recall --workdir=DIR --task=mqar [--seq_lens=64,128,256,512 --num_examples=256]
-    python -m eval.recall --workdir=DIR --task=niah [--length_multiples=1,2,4,8 --num_depths=6]
+    python -m eval.recall --workdir=DIR --task=mqar \
+        [--seq_lens=64,128,256,512 --num_examples=256]
+    python -m eval.recall --workdir=DIR --task=niah \
+        [--length_multiples=1,2,4,8 --num_depths=6]
 
 Accuracy is teacher-forced: one forward pass per batch, then argmax(logits) == target
 at the positions the mask marks (MQAR: the query positions; NIAH: the answer digits).
@@ -25,7 +27,8 @@ from eval import common
 
 
 # ----------------------------------------------------------------------------- scoring
-def masked_accuracy(stats_fn, batches: Iterable[Mapping[str, np.ndarray]]) -> tuple[int, int]:
+def masked_accuracy(stats_fn,
+                    batches: Iterable[Mapping[str, np.ndarray]]) -> tuple[int, int]:
     """(correct, total) over masked positions: argmax(logits) == target where mask > 0."""
     correct = total = 0
     for batch in batches:
@@ -36,8 +39,10 @@ def masked_accuracy(stats_fn, batches: Iterable[Mapping[str, np.ndarray]]) -> tu
     return correct, total
 
 
-def example_scores(stats_fn, batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
-    """Per example: (all masked positions right, fraction right); rows with no mask are NaN."""
+def example_scores(stats_fn,
+                   batch: Mapping[str, np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """Per example: (all masked positions right, fraction right); rows with no mask are
+    NaN."""
     _, hit = stats_fn(batch)
     m = np.asarray(batch["mask"]) > 0
     n = m.sum(axis=1)
@@ -58,7 +63,8 @@ def _batched(examples: Mapping[str, np.ndarray], batch_size: int):
 
 
 # ----------------------------------------------------------------------------- MQAR
-def default_mqar_settings(seq_lens: Sequence[int], min_kv: int = 4) -> list[tuple[int, int]]:
+def default_mqar_settings(seq_lens: Sequence[int],
+                          min_kv: int = 4) -> list[tuple[int, int]]:
     """(seq_len, kv) with kv = min_kv, 2 min_kv, ... up to seq_len / 4 (Zoology's bound)."""
     out = []
     for t in seq_lens:
@@ -70,9 +76,11 @@ def default_mqar_settings(seq_lens: Sequence[int], min_kv: int = 4) -> list[tupl
 
 
 def mqar_task(config, dataset) -> dict[str, Any]:
-    """The MQAR vocabulary of a run: task vocab, id offset and power law, from its dataset."""
+    """The MQAR vocabulary of a run: task vocab, id offset and power law, from its
+    dataset."""
     if hasattr(dataset, "task_vocab"):
-        return {"vocab_size": int(dataset.task_vocab), "offset": int(getattr(dataset, "vocab_offset", 0)),
+        return {"vocab_size": int(dataset.task_vocab),
+                "offset": int(getattr(dataset, "vocab_offset", 0)),
                 "power_a": float(getattr(dataset, "power_a", 0.01))}
     source = cfg_get(config, "data.source")
     if source != "mqar":
@@ -167,10 +175,13 @@ def niah_grid(stats_fn, config, dataset, *, lengths: Sequence[int] | None = None
             frac.append(f)
         exact, frac = np.concatenate(exact), np.concatenate(frac)
         cells.append({"length": n, "depth": d, "exact": float(np.nanmean(exact)),
-                      "per_digit": float(np.nanmean(frac)), "examples": int(np.isfinite(exact).sum())})
+                      "per_digit": float(np.nanmean(frac)),
+                      "examples": int(np.isfinite(exact).sum())})
+
+    def mean(key):
+        return float(np.mean([c[key] for c in cells])) if cells else float("nan")
     return {"task": "niah", "train_length": train_len, "cells": cells,
-            "exact": float(np.mean([c["exact"] for c in cells])) if cells else float("nan"),
-            "per_digit": float(np.mean([c["per_digit"] for c in cells])) if cells else float("nan")}
+            "exact": mean("exact"), "per_digit": mean("per_digit")}
 
 
 # ----------------------------------------------------------------------------- CLI
@@ -182,8 +193,9 @@ def run(workdir: str, task: str, *, seq_lens=(64, 128, 256, 512), num_examples: 
     stats_fn = common.token_stats_fn(common.make_logits_fn(model))
     num_examples = num_examples or (256 if task == "mqar" else 32)
     if task == "mqar":
-        result = mqar_grid(stats_fn, mqar_task(config, dataset), default_mqar_settings(seq_lens),
-                           num_examples=num_examples, batch_size=batch_size)
+        result = mqar_grid(stats_fn, mqar_task(config, dataset),
+                           default_mqar_settings(seq_lens), num_examples=num_examples,
+                           batch_size=batch_size)
     else:
         result = niah_grid(stats_fn, config, dataset, length_multiples=length_multiples,
                            num_depths=num_depths, num_examples=num_examples,
@@ -215,11 +227,16 @@ def main(argv):
 if __name__ == "__main__":
     from absl import app, flags
 
-    flags.DEFINE_string("workdir", None, "Run directory written by train.py.", required=True)
-    flags.DEFINE_enum("task", None, ["mqar", "niah"], "Which recall benchmark.", required=True)
-    flags.DEFINE_string("seq_lens", "64,128,256,512", "MQAR sequence lengths (kv pairs 4..len/4).")
-    flags.DEFINE_string("length_multiples", "1,2,4,8", "NIAH lengths as multiples of data.seq_len.")
+    flags.DEFINE_string("workdir", None, "Run directory written by train.py.",
+                        required=True)
+    flags.DEFINE_enum("task", None, ["mqar", "niah"], "Which recall benchmark.",
+                      required=True)
+    flags.DEFINE_string("seq_lens", "64,128,256,512",
+                        "MQAR sequence lengths (kv pairs 4..len/4).")
+    flags.DEFINE_string("length_multiples", "1,2,4,8",
+                        "NIAH lengths as multiples of data.seq_len.")
     flags.DEFINE_integer("num_depths", 6, "NIAH needle depths, evenly spaced over [0, 1].")
-    flags.DEFINE_integer("num_examples", 0, "Examples per MQAR setting / NIAH cell (0: 256 / 32).")
+    flags.DEFINE_integer("num_examples", 0,
+                         "Examples per MQAR setting / NIAH cell (0: 256 / 32).")
     flags.DEFINE_integer("batch_size", 32, "Examples per forward pass.")
     app.run(main)

@@ -1,4 +1,5 @@
-"""Tables for a comparison sweep: best learning rate per (task, setting, mixer, size), Markdown.
+"""Tables for a comparison sweep: best learning rate per (task, setting, mixer, size), as
+Markdown.
 
 A sweep record (one line of results.jsonl) holds at least `task, setting, mixer, size,
 lr, seed, metrics` plus the model's `d_model, layers, state_size, params`. As Zoology
@@ -31,7 +32,8 @@ def primary(task: str) -> tuple[str, bool]:
 
 
 def metric_value(record: dict, name: str):
-    """record's metric `name`, or its FALLBACK where the record lacks it (None if neither)."""
+    """record's metric `name`, or its FALLBACK where the record lacks it (None if
+    neither)."""
     metrics = record.get("metrics", {})
     value = metrics.get(name)
     if value is None and name in FALLBACK:
@@ -66,7 +68,8 @@ def best_lr(records: Iterable[dict]) -> dict[tuple, dict]:
                 best = {"lr": lr, "value": mean, "seeds": len(vals), "records": by_lr[lr]}
         if best is None:
             lr = sorted(by_lr)[0]
-            best = {"lr": lr, "value": math.nan, "seeds": len(by_lr[lr]), "records": by_lr[lr]}
+            best = {"lr": lr, "value": math.nan, "seeds": len(by_lr[lr]),
+                    "records": by_lr[lr]}
         out[key] = best
     return out
 
@@ -110,7 +113,8 @@ def lm_table(records: list[dict], best: dict) -> str:
         best_loss = _mean([metric_value(r, "best_val_loss") for r in b["records"]])
         rows.append([mixer, size, r0.get("layers"), r0.get("params"), r0.get("state_size"),
                      b["lr"], best_loss, m("val_loss"), m("perplexity"),
-                     m("bits_per_byte"), _mean([r.get("tokens_per_s") for r in b["records"]]),
+                     m("bits_per_byte"),
+                     _mean([r.get("tokens_per_s") for r in b["records"]]),
                      _mean([r.get("wall_s") for r in b["records"]])])
     rows.sort(key=lambda r: (r[6] if r[6] is not None else math.inf))
     return md_table(["mixer", "size", "layers", "params", "state_size", "best lr",
@@ -118,7 +122,8 @@ def lm_table(records: list[dict], best: dict) -> str:
                      "bits/byte at stop", "train tokens/s", "wall s"], rows)
 
 
-def recall_table(records: list[dict], best: dict, task: str, settings_order: Sequence[str]) -> str:
+def recall_table(records: list[dict], best: dict, task: str,
+                 settings_order: Sequence[str]) -> str:
     """Rows (mixer, size), one column per setting: the primary metric at the best lr."""
     cells: dict[tuple, dict] = defaultdict(dict)
     info: dict[tuple, dict] = {}
@@ -156,8 +161,8 @@ def niah_summary_table(best: dict) -> str:
         recs = b["records"]
         m0 = recs[0]["metrics"]
         train_len = m0.get("grid", {}).get("train_length")
-        at = lambda key: _mean([_at_length(r["metrics"].get(key, {}), train_len)  # noqa: E731
-                                for r in recs])
+        at = lambda key: _mean(  # noqa: E731
+            [_at_length(r["metrics"].get(key, {}), train_len) for r in recs])
         rows.append([mixer, size, setting, recs[0].get("state_size"), b["lr"], train_len,
                      at("grid"), at("grid_multikey"),
                      _mean([r["metrics"].get("exact") for r in recs]),
@@ -195,7 +200,8 @@ def speed_table(records: list[dict]) -> str:
         row += [_get(m, "decode", c, "state_bytes") for c in contexts]
         rows.append(row)
     header = (["mixer", "params"] + [f"train tok/s T={t}" for t in train_ts]
-              + [f"decode tok/s @{c}" for c in contexts] + [f"state bytes @{c}" for c in contexts])
+              + [f"decode tok/s @{c}" for c in contexts]
+              + [f"state bytes @{c}" for c in contexts])
     return md_table(header, rows)
 
 
@@ -230,7 +236,8 @@ def markdown(records: list[dict], *, title: str, settings_order: Sequence[str] =
             parts += ["## Language modelling (validation loss, nats/token)", "",
                       lm_table(records, best)]
         elif task == "mqar":
-            parts += ["## MQAR accuracy", "", recall_table(records, best, "mqar", settings_order)]
+            parts += ["## MQAR accuracy", "",
+                      recall_table(records, best, "mqar", settings_order)]
         elif task == "niah":
             parts += ["## Needle in a haystack (exact match of all digits)", "",
                       niah_summary_table(best), "",
@@ -238,8 +245,8 @@ def markdown(records: list[dict], *, title: str, settings_order: Sequence[str] =
                       recall_table(records, best, "niah", settings_order)]
             for key, b in sorted(best.items()):
                 if key[0] == "niah":
-                    parts += ["", f"### {key[2]} {key[3]} (lr {b['lr']:g}): exact match by depth x "
-                              "length", "", niah_grid_table(b["records"][0])]
+                    parts += ["", f"### {key[2]} {key[3]} (lr {b['lr']:g}): exact match "
+                              "by depth x length", "", niah_grid_table(b["records"][0])]
         elif task == "speed":
             parts += ["## Speed", "", speed_table(records)]
     if failed:

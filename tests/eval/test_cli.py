@@ -26,7 +26,8 @@ def _forward(model, inputs, segment_ids):
 def _logits(model, inputs, segment_ids=None):
     """The model's own full forward pass (no decode caches), as float64 NumPy."""
     inputs = jnp.asarray(inputs, jnp.int32)
-    seg = jnp.ones_like(inputs) if segment_ids is None else jnp.asarray(segment_ids, jnp.int32)
+    seg = (jnp.ones_like(inputs) if segment_ids is None
+           else jnp.asarray(segment_ids, jnp.int32))
     return np.asarray(_forward(model, inputs, seg), np.float64)
 
 
@@ -37,7 +38,8 @@ def _nll_reference(model, batches):
         logits = _logits(model, b["inputs"], b["segment_ids"])
         logp = logits - logits.max(-1, keepdims=True)
         logp = logp - np.log(np.exp(logp).sum(-1, keepdims=True))
-        nll = -np.take_along_axis(logp, b["targets"][..., None].astype(np.int64), -1)[..., 0]
+        targets = b["targets"][..., None].astype(np.int64)
+        nll = -np.take_along_axis(logp, targets, -1)[..., 0]
         nats += float((nll * b["mask"]).sum())
         n += int((b["mask"] > 0).sum())
     return nats, n
@@ -70,18 +72,20 @@ def test_perplexity_files_flag(text_run, tmp_path):
                        progress=False)
     model, config, dataset, _ = load_for_eval(str(text_run))
     ids = dataset.tokenizer.encode(text)
-    batches = list(perplexity.file_batches(str(tmp_path / "*.txt"), dataset.tokenizer.encode, 32, 4))
+    batches = list(perplexity.file_batches(str(tmp_path / "*.txt"),
+                                           dataset.tokenizer.encode, 32, 4))
     nats, n = _nll_reference(model, batches)
     assert n == r["tokens"] == len(ids) - 1
-    assert r["bytes"] == len(text.encode("utf-8")) - 1  # every byte but the first is a target
+    # every byte but the first is a target
+    assert r["bytes"] == len(text.encode("utf-8")) - 1
     assert r["loss"] == pytest.approx(nats / n, rel=1e-5)
     assert r["bits_per_byte"] == pytest.approx(nats / (math.log(2) * r["bytes"]), rel=1e-5)
 
 
 def test_perplexity_cli_prints_json_last(text_run):
     out = subprocess.run([sys.executable, "-m", "eval.perplexity", f"--workdir={text_run}",
-                          "--batch_size=4", "--num_batches=2"], cwd=ROOT, capture_output=True,
-                         text=True, timeout=300)
+                          "--batch_size=4", "--num_batches=2"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     last = json.loads(out.stdout.strip().splitlines()[-1])
     assert {"loss", "perplexity", "bits_per_byte", "tokens"} <= set(last)
@@ -151,7 +155,8 @@ def test_mqar_recall_equals_direct_computation(mqar_run):
 
     run_dir = str(mqar_run)
     r = recall.run(run_dir, "mqar", seq_lens=(16, 32), num_examples=24, batch_size=8)
-    assert [(c["seq_len"], c["kv_pairs"]) for c in r["cells"]] == [(16, 4), (32, 4), (32, 8)]
+    assert [(c["seq_len"], c["kv_pairs"]) for c in r["cells"]] == \
+        [(16, 4), (32, 4), (32, 8)]
     model, config, dataset, _ = load_for_eval(run_dir)
     for c in r["cells"]:
         ex = mqar.generate(np.random.default_rng([1234, c["seq_len"], c["kv_pairs"]]), 24,

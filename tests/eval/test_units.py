@@ -13,7 +13,8 @@ from eval import generate, perplexity, recall, report
 
 
 class CharCodec:
-    """A tiny character tokenizer: ids are positions in a fixed alphabet (one has 2 UTF-8 bytes)."""
+    """A tiny character tokenizer: ids are positions in a fixed alphabet (one has 2 UTF-8
+    bytes)."""
 
     alphabet = "abc é\n"
 
@@ -75,7 +76,8 @@ def test_evaluate_matches_float64_reference(tmp_path):
     assert r["perplexity"] == pytest.approx(math.exp(np.mean(nll)), rel=1e-12)
     nbytes = len(text[1:].encode("utf-8"))  # targets spell the text after its first char
     assert r["bytes"] == nbytes
-    assert r["bits_per_byte"] == pytest.approx(np.sum(nll) / (math.log(2) * nbytes), rel=1e-12)
+    assert r["bits_per_byte"] == pytest.approx(np.sum(nll) / (math.log(2) * nbytes),
+                                               rel=1e-12)
 
 
 def test_masked_accuracy_and_example_scores():
@@ -115,11 +117,13 @@ def test_sample_logits_greedy_and_top_k():
     draws = np.asarray(jax.vmap(lambda k: generate.sample_logits(logits[:1], k, 1.0, 0))(
         jax.random.split(key, 4000)))[:, 0]
     freq = np.bincount(draws, minlength=4) / len(draws)
-    assert np.all(np.abs(freq - probs) < 4 * np.sqrt(probs * (1 - probs) / len(draws)) + 1e-3)
+    assert np.all(np.abs(freq - probs)
+                  < 4 * np.sqrt(probs * (1 - probs) / len(draws)) + 1e-3)
 
 
 def test_cache_nbytes_counts_every_leaf():
-    cache = {"a": jnp.zeros((2, 3), jnp.float32), "b": [jnp.zeros(5, jnp.int32), jnp.zeros((), jnp.bfloat16)]}
+    cache = {"a": jnp.zeros((2, 3), jnp.float32),
+             "b": [jnp.zeros(5, jnp.int32), jnp.zeros((), jnp.bfloat16)]}
     assert generate.cache_nbytes(cache) == 2 * 3 * 4 + 5 * 4 + 2
 
 
@@ -249,7 +253,8 @@ def test_lm_runs_are_judged_by_their_best_val_loss():
     assert best[("lm", "char", "a", "d")]["lr"] == 1e-3
     assert best[("lm", "char", "b", "d")]["value"] == pytest.approx(1.55)
     table = report.lm_table(recs, best)
-    rows = [line for line in table.splitlines() if line.startswith("| a") or line.startswith("| b")]
+    rows = [line for line in table.splitlines()
+            if line.startswith("| a") or line.startswith("| b")]
     assert [r.split("|")[1].strip() for r in rows] == ["a", "b"]   # 1.50 before 1.55
     assert "1.500" in rows[0] and "2.000" in rows[0]                # best, then at the stop
 
@@ -263,8 +268,8 @@ def test_recall_scatter_draws_reference_points(monkeypatch, tmp_path):
     monkeypatch.setattr(plots, "_save", lambda fig, path: figs.append(fig) or path)
     refs = [dict(r) for r in load_compare_config("compare_mqar")["references"]]
     assert {r["mixer"] for r in refs} >= {"based", "gated_deltanet", "deltanet"}
-    pts = [{"setting": s, "mixer": "based", "state_size": 5e4 * (i + 1), "value": 0.5 + 0.1 * i}
-           for s in ("T64", "T256") for i in range(2)]
+    pts = [{"setting": s, "mixer": "based", "state_size": 5e4 * (i + 1),
+            "value": 0.5 + 0.1 * i} for s in ("T64", "T256") for i in range(2)]
     plots.recall_vs_state(pts, str(tmp_path / "x.png"), references=refs)
     (fig,) = figs
     for ax in fig.axes:

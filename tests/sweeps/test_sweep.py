@@ -16,13 +16,14 @@ from tests.eval.conftest import load_compare_config
 def test_sweep_writes_results_and_markers(mqar_sweep):
     cfg, workdir, records, _ = mqar_sweep
     names = [r["run"] for r in records]
-    assert names == ["T32_kv2__softmax__d16__lr0.001__s0", "T32_kv2__softmax__d16__lr0.03__s0"]
+    assert names == ["T32_kv2__softmax__d16__lr0.001__s0",
+                     "T32_kv2__softmax__d16__lr0.03__s0"]
     lines = [json.loads(x) for x in (workdir / "results.jsonl").read_text().splitlines()]
     assert [r["run"] for r in lines] == names
     for r in lines:
         assert os.path.isfile(workdir / r["run"] / "done.json")
-        for key in ("task", "mixer", "d_model", "layers", "state_size", "params", "lr", "seed",
-                    "steps", "metrics", "tokens_per_s", "wall_s"):
+        for key in ("task", "mixer", "d_model", "layers", "state_size", "params", "lr",
+                    "seed", "steps", "metrics", "tokens_per_s", "wall_s"):
             assert key in r, key
         assert r["task"] == "mqar" and r["steps"] == 3 and r["d_model"] == 16
         assert r["layers"] == 1 and 0.0 <= r["metrics"]["accuracy"] <= 1.0
@@ -69,7 +70,8 @@ def test_second_invocation_skips_finished_runs(mqar_sweep):
 
     cfg, workdir, records, first_s = mqar_sweep
     before = {r["run"]: (os.path.getmtime(workdir / r["run"] / "done.json"),
-                         os.path.getmtime(workdir / r["run"] / "metrics.jsonl")) for r in records}
+                         os.path.getmtime(workdir / r["run"] / "metrics.jsonl"))
+              for r in records}
     t0 = time.time()
     again = runner.sweep(cfg, str(workdir), only="softmax", progress=False)
     assert time.time() - t0 < first_s / 2  # only the tables and plots are rewritten
@@ -127,7 +129,8 @@ def test_grid_expansion_of_the_full_configs():
     mq = grid.expand_grid(load_compare_config("compare_mqar"))
     assert len(mq) == 4 * 9 * 3 * 4  # settings x mixers x widths x lrs
     r = next(r for r in mq if r["name"] == "T512_kv64__gated_deltanet__d256__lr0.01__s0")
-    assert r["overrides"]["data.seq_len"] == 512 and r["overrides"]["data.num_kv_pairs"] == 64
+    assert r["overrides"]["data.seq_len"] == 512
+    assert r["overrides"]["data.num_kv_pairs"] == 64
     assert r["overrides"]["model.d_model"] == 256 and r["overrides"]["train.lr"] == 0.01
     sh = grid.expand_grid(load_compare_config("compare_shakespeare"))
     soft = sh[0]["overrides"]
@@ -163,7 +166,8 @@ def test_tiny_niah_and_speed_sweeps(tmp_path):
     cfg = load_compare_config("compare_speed", "tiny")
     recs = runner.sweep(cfg, str(tmp_path / "speed"), progress=False)
     by = {r["mixer"]: r["metrics"]["decode"] for r in recs}
-    assert by["gated_deltanet"]["16"]["state_bytes"] == by["gated_deltanet"]["64"]["state_bytes"]
+    gdn = by["gated_deltanet"]
+    assert gdn["16"]["state_bytes"] == gdn["64"]["state_bytes"]
     assert by["softmax"]["64"]["state_bytes"] > by["softmax"]["16"]["state_bytes"]
     assert (tmp_path / "speed" / "speed.png").is_file()
     assert "decode tok/s @64" in (tmp_path / "speed" / "results.md").read_text()
