@@ -331,6 +331,10 @@ class _StepLog:
     def add(self, step: int, step_metrics) -> None:
         self.pending.append((step, step_metrics))
 
+    def restart_clock(self, step: int) -> None:
+        """The next logged speed counts the steps after `step`, timed from now."""
+        self.speed.restart(step)
+
     def flush(self, *, log_now: bool) -> None:
         """Fetches the pending metrics; raises TrainingError at the first non-finite one."""
         if not self.pending:
@@ -444,7 +448,7 @@ def _run_steps(state: _State, end_step: int, t_cfg, steps: _Steps, feed: _Feed,
             # The first step includes compilation: a fresh run logs it, and the speed is
             # timed from its end.
             step_log.flush(log_now=log_now or step == 1)
-            step_log.speed.restart(step)
+            step_log.restart_clock(step)
         elif log_now or eval_now or save_now or signum is not None:
             step_log.flush(log_now=log_now)
         stopping_early = False
