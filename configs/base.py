@@ -50,8 +50,9 @@ def get_config() -> ml_collections.ConfigDict:
         lr=1e-3, min_lr_ratio=0.1, warmup_steps=100,   # linear warmup, cosine to lr*ratio
         weight_decay=0.1, decay_embeddings=True, b1=0.9, b2=0.95, eps=1e-8,
         grad_clip=1.0, grad_accum=1,                    # microbatches per step (a scan)
-        # "float32" | "bfloat16": sets model.dtype
-        precision=config_dict.placeholder(str),
+        # Sets model.dtype (parameters and recurrent states stay float32): "auto" computes
+        # in bfloat16 on GPU and TPU and in float32 on CPU; or "float32" | "bfloat16".
+        precision="auto",
         remat=config_dict.placeholder(bool),            # sets model.remat
         log_every=10, eval_every=250, eval_batches=20,
         early_stop_patience=0,                          # stop after N evals, no new best

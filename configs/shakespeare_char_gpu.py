@@ -7,8 +7,9 @@ nanoGPT: best val loss ~1.47.
 
     python train.py --config=configs/shakespeare_char_gpu.py \\
         --workdir=runs/shakespeare_gpu \\
-        --config.data.files=path/to/tinyshakespeare/input.txt \\
-        [--config.train.precision=bfloat16]
+        --config.data.files=path/to/tinyshakespeare/input.txt
+
+Computes in bfloat16 on a GPU (train.precision "auto", as nanoGPT's bfloat16 autocast).
 """
 from configs import base
 

@@ -3,8 +3,9 @@
 Every Dataset has `vocab_size`, `tokenizer` (encode/decode/to_config),
 `batch(step, batch_size, split="train")` -> dict of NumPy arrays
 (`inputs`, `targets` (B,T) int32, `mask` (B,T) float32, `segment_ids` (B,T) int32),
-a pure function of (seed, step, split), and `eval_batches(batch_size, num_batches)`
-over the held-out split. NumPy only: no jax, and `datasets` / `tensorflow_datasets` /
+a pure function of (seed, step, split), `eval_batches(batch_size, num_batches)`
+over the held-out split, and `packed`: whether a row may hold several documents (else the
+model is given no segment ids). NumPy only: no jax, and `datasets` / `tensorflow_datasets` /
 `sentencepiece` are imported only by the code paths that need them.
 
 Config keys (`cfg_data` is any Mapping: a dict or an ml_collections ConfigDict;

@@ -35,6 +35,14 @@ class Dataset:
     def vocab_size(self) -> int:
         return int(self.tokenizer.vocab_size)
 
+    @property
+    def packed(self) -> bool:
+        """Whether a row may hold several documents, so that the model must keep them
+        apart by the batch's segment_ids. A static property of the source (the train step
+        is traced with it): False where every row is one example (synthetic tasks), and
+        then the model is given no segment ids at all."""
+        return True
+
     def batch(self, step: int, batch_size: int, split: str = "train") -> dict:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")

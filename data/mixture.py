@@ -105,6 +105,11 @@ class MixtureDataset(Dataset):
             if ds.vocab_size > self.vocab_size:
                 raise AssertionError(f"component {name} exceeds the mixture vocabulary")
 
+    @property
+    def packed(self) -> bool:
+        """Each row comes from one component: packed if any component's rows are."""
+        return any(ds.packed for ds in self.components.values())
+
     def choose(self, step: int, batch_size: int, split: str) -> np.ndarray:
         """The component index of each row: rng([seed, step, row]) per row."""
         cdf = np.cumsum(self.weights)

@@ -123,6 +123,11 @@ class MQARDataset(Dataset):
                 prefix, k = f"mqar{k}_", k + 1
             self.tokenizer = tokenizer.extend([f"<{prefix}{i}>" for i in range(self.task_vocab)])
 
+    @property
+    def packed(self) -> bool:
+        """Every row is one example."""
+        return False
+
     def _batch(self, step: int, batch_size: int, split: str) -> dict:
         rng = step_rng(self.seed, step, split)
         if len(self.kv_choices) == 1:

@@ -213,6 +213,11 @@ class NIAHDataset(Dataset):
             return None
         return rng.choice(self.depths, size=n)
 
+    @property
+    def packed(self) -> bool:
+        """Every row is one example."""
+        return False
+
     def _batch(self, step: int, batch_size: int, split: str) -> dict:
         rng = step_rng(self.seed, step, split)
         filler = self.train_filler_tokens if split == "train" else self.filler_tokens

@@ -106,6 +106,11 @@ class TextDataset(Dataset):
     def _stream(self, split: str) -> np.ndarray:
         return self.train_tokens if split == "train" else self.val_tokens
 
+    @property
+    def packed(self) -> bool:
+        """Documents meet in a row only where an end-of-document id separates them."""
+        return self.eod_id is not None
+
     def _batch(self, step: int, batch_size: int, split: str) -> dict:
         stream = self._stream(split)
         self._check_length(split)

@@ -53,7 +53,8 @@ def jitted_train_step(config, dataset):
                                  is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
     opt_state = jax.jit(tx.init, out_shardings=o_sh)(params)
     parts = model_state.ModelParts(graphdef, template, rest, names, logical, shapes)
-    step = jax.jit(train_steps.make_train_step(parts, tx, t.grad_accum, mesh),
+    step = jax.jit(train_steps.make_train_step(parts, tx, t.grad_accum, mesh,
+                                               dataset.packed),
                    in_shardings=(p_sh, o_sh, batch_sh, repl),
                    out_shardings=(p_sh, o_sh, repl), donate_argnums=(0, 1))
     return step, params, opt_state, batch_sh

@@ -6,7 +6,7 @@ the input dtype and return outputs in the input dtype. `impl` picks the form:
   "recurrent" token-by-token lax.scan (never builds T x T)
   "chunk"     pure-JAX chunkwise, scan over chunks with jax.checkpoint
   "pallas"    kernels.pallas (GPU/TPU), packed documents (segment_ids) included
-  "auto"      pallas on GPU/TPU when it applies, else chunk
+  "auto"      pallas on GPU/TPU for bf16/fp16 inputs where it applies, else chunk
 """
 from __future__ import annotations
 
@@ -38,11 +38,16 @@ def _pallas_module():
         return None
 
 
-def _resolve_impl(impl, op):
+def _resolve_impl(impl, op, dtype):
+    """The form to run. "auto": the Pallas kernels on GPU and TPU for 16-bit inputs;
+    float32 inputs take the chunk form there, since the kernels' float32 products run as
+    IEEE float32 FMAs (the float32 tolerances of the tests), slower than XLA's chunk form
+    (docs/benchmarks.md); CPU: the chunk form."""
     if impl not in IMPLS:
         raise ValueError(f"{op}: unknown impl {impl!r}; valid: {', '.join(IMPLS)}")
     if impl == "auto":
-        if jax.default_backend() in ("gpu", "tpu") and _pallas_module() is not None:
+        if (jax.default_backend() in ("gpu", "tpu") and jnp.dtype(dtype).itemsize == 2
+                and _pallas_module() is not None):
             return "pallas?"  # pallas, falling back to chunk where it is not implemented
         return "chunk"
     return impl
@@ -190,7 +195,7 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None, segme
         else:
             _check_state(op, "initial_state", initial_state, (b, h, f, dv))
 
-    resolved = _resolve_impl(impl, op)
+    resolved = _resolve_impl(impl, op, out_dtype)
 
     def pure_jax(form):
         return _linear_attention_jax(q, k, v, normalize, eps, log_decay, segment_ids,
@@ -279,7 +284,7 @@ def gated_delta_rule(q, k, v, log_alpha, beta, *, segment_ids=None, initial_stat
     if initial_state is not None:
         _check_state(op, "initial_state", initial_state, (b, h, f, dv))
     out_dtype = jnp.result_type(q, k, v)
-    resolved = _resolve_impl(impl, op)
+    resolved = _resolve_impl(impl, op, out_dtype)
 
     def pure_jax(form):
         return _gated_delta_jax(q, k, v, log_alpha, beta, segment_ids, initial_state, form,

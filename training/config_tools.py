@@ -183,8 +183,9 @@ def check_config(config) -> None:
     if t.grad_accum <= 0 or t.batch_size % t.grad_accum:
         raise ConfigError(f"train.batch_size={t.batch_size} must be a multiple of "
                           f"train.grad_accum={t.grad_accum}")
-    if t.get("precision") not in (None, "float32", "bfloat16"):
-        raise ConfigError(f"train.precision={t.precision!r}: use 'float32' or 'bfloat16'")
+    if t.get("precision") not in (None, *PRECISIONS):
+        raise ConfigError(f"train.precision={t.precision!r}: use one of "
+                          f"{', '.join(repr(p) for p in PRECISIONS)}")
     if t.get("prng_impl", "threefry2x32") not in PRNG_IMPLS:
         raise ConfigError(f"train.prng_impl={t.prng_impl!r}: use one of "
                           f"{', '.join(PRNG_IMPLS)}")
@@ -228,14 +229,27 @@ def load_config(workdir: str | os.PathLike):
     return config
 
 
+# train.precision: "auto" computes in bfloat16 on GPU and TPU (tensor cores, and the
+# Pallas kernels' fast path) and in float32 on CPU (which has no fast bfloat16 matmuls).
+PRECISIONS = ("auto", "float32", "bfloat16")
+
+
+def compute_dtype(precision: str) -> str:
+    """The model's compute dtype for train.precision on this process's backend."""
+    if precision != "auto":
+        return precision
+    import jax
+    return "bfloat16" if jax.default_backend() in ("gpu", "tpu") else "float32"
+
+
 def model_config_dict(config, vocab_size: int) -> dict:
     """The model section as a plain dict, vocab filled from the dataset when 0/None and
     train.precision / train.remat applied where the model has those fields."""
     d = dict(config.model.to_dict() if hasattr(config.model, "to_dict") else config.model)
     train = config.train
-    # bfloat16 compute; parameters keep model.param_dtype (float32).
+    # The compute dtype; parameters keep model.param_dtype (float32).
     if train.get("precision"):
-        d["dtype"] = train.precision
+        d["dtype"] = compute_dtype(train.precision)
     if train.get("remat") is not None:
         d["remat"] = bool(train.remat)
     if not d.get("vocab_size"):

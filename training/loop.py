@@ -74,7 +74,7 @@ def _train(config, workdir: str) -> dict[str, Any]:
         patience = int(t_cfg.get("early_stop_patience", 0) or 0)
         state, rest = _restore_or_init(ckpt, start, model, layout, patience)
         start = state.step
-        steps = _compile(model, rest, layout, t_cfg, mesh)
+        steps = _compile(model, rest, layout, t_cfg, mesh, dataset.packed)
 
         n_params = model_state.num_params(model.shapes)
         banner = _banner(n_params, model_cfg, mesh, start)
@@ -244,17 +244,19 @@ class _Steps(NamedTuple):
         return jax.random.fold_in(self.base_key, step)
 
 
-def _compile(model: _Model, rest, layout: _Layout, t_cfg, mesh) -> _Steps:
+def _compile(model: _Model, rest, layout: _Layout, t_cfg, mesh, packed: bool) -> _Steps:
     """Explicit shardings in and out; the train step donates parameters and optimizer
-    state, so a step needs memory for one copy of them."""
+    state, so a step needs memory for one copy of them. packed: the data's rows may hold
+    several documents (data.Dataset.packed): only then does the model get segment ids."""
     parts = model_state.ModelParts(model.graphdef, model.template, rest, model.names,
                                    model.logical, model.shapes)
-    train_step = jax.jit(make_train_step(parts, model.tx, t_cfg.grad_accum, mesh),
+    train_step = jax.jit(make_train_step(parts, model.tx, t_cfg.grad_accum, mesh, packed),
                          in_shardings=(layout.params, layout.opt_state, layout.batch,
                                        layout.replicated),
                          out_shardings=(layout.params, layout.opt_state, layout.replicated),
                          donate_argnums=(0, 1))
-    eval_step = jax.jit(make_eval_step(parts), in_shardings=(layout.params, layout.batch),
+    eval_step = jax.jit(make_eval_step(parts, packed),
+                        in_shardings=(layout.params, layout.batch),
                         out_shardings=layout.replicated)
     return _Steps(train_step, eval_step, jax.random.key(int(t_cfg.seed)))
 

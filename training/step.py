@@ -17,9 +17,11 @@ from training import model_state
 from training import sharding as shd
 
 
-def loss_sums(model, batch, *, deterministic: bool):
-    """(sum of masked token cross-entropies, number of masked tokens, number correct)."""
-    logits = model(batch["inputs"], segment_ids=batch["segment_ids"],
+def loss_sums(model, batch, *, deterministic: bool, packed: bool = True):
+    """(sum of masked token cross-entropies, number of masked tokens, number correct).
+    packed: the data's rows may hold several documents (data.Dataset.packed); if not,
+    the model gets no segment ids (every linear op then runs its unsegmented kernel)."""
+    logits = model(batch["inputs"], segment_ids=batch["segment_ids"] if packed else None,
                    deterministic=deterministic)
     logits = logits.astype(jnp.float32)
     nll = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
@@ -28,7 +30,8 @@ def loss_sums(model, batch, *, deterministic: bool):
     return jnp.sum(nll * mask), jnp.sum(mask), jnp.sum(correct * mask)
 
 
-def make_train_step(parts: model_state.ModelParts, tx, grad_accum: int, mesh):
+def make_train_step(parts: model_state.ModelParts, tx, grad_accum: int, mesh,
+                    packed: bool = True):
     """One optimizer update, as a pure function to jit.
 
     Args:
@@ -38,6 +41,8 @@ def make_train_step(parts: model_state.ModelParts, tx, grad_accum: int, mesh):
       grad_accum: microbatches per step; the batch's leading dimension must divide by it.
         The gradient equals that of the whole batch at once.
       mesh: the jax.sharding.Mesh; microbatches stay split over its batch axes.
+      packed: the data's rows may hold several documents (data.Dataset.packed): the
+        model is given the batch's segment_ids only then.
 
     Returns:
       step(params, opt_state, batch, rng) -> (params, opt_state, metrics), where rng is
@@ -50,7 +55,7 @@ def make_train_step(parts: model_state.ModelParts, tx, grad_accum: int, mesh):
         # The model is merged inside its own jit (inlined by XLA): NNX lets a model mutate
         # Variables (RNG counters, remat's write-back) only in the trace that created them.
         rest = model_state.rekey(parts.rest, rng)
-        s, n, c = loss_sums(parts.merge(p, rest), batch, deterministic=False)
+        s, n, c = loss_sums(parts.merge(p, rest), batch, deterministic=False, packed=packed)
         return s, (n, c)
     summed_grad = jax.value_and_grad(jax.jit(summed), has_aux=True)
 
@@ -95,8 +100,9 @@ def make_train_step(parts: model_state.ModelParts, tx, grad_accum: int, mesh):
     return step
 
 
-def make_eval_step(parts: model_state.ModelParts):
-    """step(params, batch) -> loss_sums of the model at `params`, without dropout."""
+def make_eval_step(parts: model_state.ModelParts, packed: bool = True):
+    """step(params, batch) -> loss_sums of the model at `params`, without dropout (packed
+    as make_train_step's)."""
     def step(params, batch):
-        return loss_sums(parts.merge(params), batch, deterministic=True)
+        return loss_sums(parts.merge(params), batch, deterministic=True, packed=packed)
     return step

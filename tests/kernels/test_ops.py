@@ -109,9 +109,9 @@ def _op_body(arrays, seg, op, impl, chunk_size):
 _jit_op = jax.jit(_op_body, static_argnums=(2, 3, 4))
 
 
-def run_eager(op, x, impl, chunk_size):
+def run_eager(op, x, impl, chunk_size, dtype=jnp.float32):
     """As run_op, without jit: dispatch happens on every call (for the dispatch tests)."""
-    arrays = {n: jax.tree.map(lambda y: jnp.asarray(y, jnp.float32), a)
+    arrays = {n: jax.tree.map(lambda y: jnp.asarray(y, dtype), a)
               for n, a in x.items() if n != "segment_ids"}
     return _op_body(arrays, x.get("segment_ids"), op, impl, chunk_size)
 
@@ -453,21 +453,28 @@ def _fake_pallas(monkeypatch, *, supported, dims=None):
 
 @pytest.mark.parametrize("supported", [True, False])
 def test_auto_dispatches_to_pallas_on_gpu(monkeypatch, supported):
+    """On a GPU, "auto" sends bf16 inputs to the kernels (packed documents too) and
+    float32 inputs to the chunk form."""
     calls = _fake_pallas(monkeypatch, supported=supported)
+    bf16, tol = jnp.bfloat16, 3e-2
     x = make_inputs("gdr", 9, segs=False, seed=2)
     want, _ = reference("gdr", x)
-    o, _ = run_eager("gdr", x, "auto", 4)  # NotImplementedError falls back to chunk
+    o, _ = run_eager("gdr", x, "auto", 4, bf16)  # NotImplementedError falls back to chunk
     assert calls == ["gdr"]
-    assert_close(o, want, "auto on (fake) gpu")
+    assert_close(o, want, "auto on (fake) gpu", tol)
     x = make_inputs("la", 9, segs=False, seed=2)
-    o, _ = run_eager("la", x, "auto", 4)
+    o, _ = run_eager("la", x, "auto", 4, bf16)
     assert calls == ["gdr", "la"]
-    assert_close(o, reference("la", x)[0], "auto on (fake) gpu")
+    assert_close(o, reference("la", x)[0], "auto on (fake) gpu", tol)
     # packed documents (segment_ids) go to the kernel too
     x = make_inputs("gdr", 9, segs=True, seed=2)
+    o, _ = run_eager("gdr", x, "auto", 4, bf16)
+    assert calls == ["gdr", "la", "gdr"]
+    assert_close(o, reference("gdr", x)[0], "auto with segment_ids on (fake) gpu", tol)
+    # float32 inputs: the chunk form, no kernel call
     o, _ = run_eager("gdr", x, "auto", 4)
     assert calls == ["gdr", "la", "gdr"]
-    assert_close(o, reference("gdr", x)[0], "auto with segment_ids on (fake) gpu")
+    assert_close(o, reference("gdr", x)[0], "float32 auto on (fake) gpu")
     if not supported:
         with pytest.raises(NotImplementedError):
             run_eager("gdr", make_inputs("gdr", 9, segs=False), "pallas", 4)
