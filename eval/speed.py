@@ -16,12 +16,10 @@ from typing import Any, Sequence
 
 import jax
 import numpy as np
-import optax
 
 from eval import generate as gen
-from training import builders, config_tools, model_state, optim
+from training import builders, config_tools, model_state, runtime
 from training import sharding as shd
-from training import step as train_steps
 
 
 def at_shape(config, batch: int, seq_len: int):
@@ -34,30 +32,14 @@ def at_shape(config, batch: int, seq_len: int):
 
 def jitted_train_step(config, dataset):
     """(the jitted train step, params, optimizer state, batch sharding) of a train.py
-    config, built as training builds them: training.step.make_train_step over the
-    config's model, optimizer and mesh, explicit shardings in and out, parameters and
-    optimizer state donated."""
-    t = config.train
-    mesh = shd.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
-    shd.check_batch_divides(t.batch_size // t.grad_accum, mesh,
-                            "speed train_batch / train.grad_accum")
-    repl, batch_sh = shd.replicated(mesh), shd.batch_sharding(mesh)
+    config, set up by training.runtime as the training loop sets it up: the same mesh,
+    shardings, optimizer, donation and train step (training.step.make_train_step)."""
+    mesh = runtime.make_mesh(config)
     model_cfg = builders.build_model_config(config, dataset)
-    make_model = builders.model_factory(model_cfg, t.seed)
-    graphdef, template, _, names, logical, shapes = model_state.describe(make_model)
-    p_sh = shd.param_shardings(logical, shapes, mesh)
-    params, rest = model_state.init_sharded(make_model, p_sh, repl)
-    tx, _ = optim.make_optimizer(t, params, logical)
-    o_sh = optax.tree_map_params(tx, lambda _, s: s, jax.eval_shape(tx.init, params), p_sh,
-                                 transform_non_params=lambda _: repl,
-                                 is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
-    opt_state = jax.jit(tx.init, out_shardings=o_sh)(params)
-    parts = model_state.ModelParts(graphdef, template, rest, names, logical, shapes)
-    step = jax.jit(train_steps.make_train_step(parts, tx, t.grad_accum, mesh,
-                                               dataset.packed),
-                   in_shardings=(p_sh, o_sh, batch_sh, repl),
-                   out_shardings=(p_sh, o_sh, repl), donate_argnums=(0, 1))
-    return step, params, opt_state, batch_sh
+    model, layout = runtime.describe_model(config, model_cfg, mesh)
+    params, opt_state, rest = runtime.init_fresh(model, layout)
+    steps = runtime.compile_steps(model, rest, layout, config.train, mesh, dataset.packed)
+    return steps.train, params, opt_state, layout.batch
 
 
 def train_step_time(config, batch: int, seq_len: int, steps: int = 5) -> dict[str, float]:

@@ -10,8 +10,9 @@ checkpoints.
      dataset.batch(s), so the data position is the step and resume is exact;
   5. log, evaluate, checkpoint; stop cleanly on NaN (no save), on early stopping (save)
      or on SIGINT/SIGTERM (save).
-The pieces it calls follow it in the order it calls them: data and mesh, the model,
-restore, the steps, logging, saving, signals, the loop.
+The mesh, the model's description and the compiled steps are training.runtime's (shared
+with eval.speed, which times the same step); the pieces here follow `_train` in the order
+it calls them: data, restore, evaluation, logging, saving, signals, the loop.
 """
 from __future__ import annotations
 
@@ -21,15 +22,14 @@ import math
 import signal
 import sys
 import time
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Iterator, NamedTuple
 
 import jax
 import numpy as np
-import optax
 
-from training import builders, checkpoint, config_tools, flops, metrics, model_state, optim
+from training import (builders, checkpoint, config_tools, flops, metrics, model_state,
+                      runtime)
 from training import sharding as shd
-from training.step import make_eval_step, make_train_step
 
 
 class TrainingError(RuntimeError):
@@ -56,8 +56,8 @@ def _train(config, workdir: str) -> dict[str, Any]:
     t_cfg = config.train
     is_main = jax.process_index() == 0
     dataset, model_cfg = _dataset_and_model_config(config)
-    mesh = _mesh(config)
-    model, layout = _describe_model(config, model_cfg, mesh)
+    mesh = runtime.make_mesh(config)
+    model, layout = runtime.describe_model(config, model_cfg, mesh)
     feed = _Feed(dataset, t_cfg.batch_size, t_cfg.eval_batches, layout.batch)
 
     # Everything opened below is closed on the way out, whatever stops the run; closing
@@ -74,7 +74,7 @@ def _train(config, workdir: str) -> dict[str, Any]:
         patience = int(t_cfg.get("early_stop_patience", 0) or 0)
         state, rest = _restore_or_init(ckpt, start, model, layout, patience)
         start = state.step
-        steps = _compile(model, rest, layout, t_cfg, mesh, dataset.packed)
+        steps = runtime.compile_steps(model, rest, layout, t_cfg, mesh, dataset.packed)
 
         n_params = model_state.num_params(model.shapes)
         banner = _banner(n_params, model_cfg, mesh, start)
@@ -100,7 +100,7 @@ def _train(config, workdir: str) -> dict[str, Any]:
     return result
 
 
-# ---------------------------------------------------------------------------- 1. data, mesh
+# ------------------------------------------------------------------------------------ data
 def _dataset_and_model_config(config):
     try:
         dataset = builders.build_dataset(config)
@@ -108,13 +108,6 @@ def _dataset_and_model_config(config):
         # The data package's message names the file; "data:" names the config section.
         raise config_tools.ConfigError(f"data: {e.args[0] if e.args else e}") from e
     return dataset, builders.build_model_config(config, dataset)
-
-
-def _mesh(config):
-    mesh = shd.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
-    shd.check_batch_divides(config.train.batch_size // config.train.grad_accum, mesh,
-                            "train.batch_size / train.grad_accum")
-    return mesh
 
 
 class _Feed(NamedTuple):
@@ -134,46 +127,7 @@ class _Feed(NamedTuple):
             yield shd.global_batch(b, self.sharding)
 
 
-# ----------------------------------------------------------------------------- 2. the model
-class _Model(NamedTuple):
-    """The model abstractly (no memory, no FLOPs) and its optimizer."""
-    make: Callable[[], Any]
-    graphdef: Any
-    template: Any
-    names: dict
-    logical: dict
-    shapes: dict
-    params: dict          # name -> jax.ShapeDtypeStruct
-    opt_state: Any        # the optimizer state's tree of jax.ShapeDtypeStruct
-    tx: optax.GradientTransformation
-    schedule: Callable[[int], Any]
-
-
-class _Layout(NamedTuple):
-    """Where every array lives on the mesh."""
-    params: dict          # name -> NamedSharding, by logical-axis rules
-    opt_state: Any        # like the parameter it belongs to; counters replicated
-    replicated: Any
-    batch: Any
-
-
-def _describe_model(config, model_cfg, mesh) -> tuple[_Model, _Layout]:
-    make = builders.model_factory(model_cfg, config.train.seed)
-    graphdef, template, _, names, logical, shapes = model_state.describe(make)
-    params = {model_state.path_name(p): v.value for p, v in template.flat_state()}
-    tx, schedule = optim.make_optimizer(config.train, params, logical)
-    opt_state = jax.eval_shape(tx.init, params)
-    repl = shd.replicated(mesh)
-    param_sh = shd.param_shardings(logical, shapes, mesh)
-    opt_sh = optax.tree_map_params(tx, lambda _, s: s, opt_state, param_sh,
-                                   transform_non_params=lambda _: repl,
-                                   is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
-    model = _Model(make, graphdef, template, names, logical, shapes, params, opt_state, tx,
-                   schedule)
-    return model, _Layout(param_sh, opt_sh, repl, shd.batch_sharding(mesh))
-
-
-# ------------------------------------------------------------------------------- 3. restore
+# ---------------------------------------------------------------------------------- restore
 class _EarlyStop:
     """Early stopping: stops once `limit` evaluations in a row bring no new best eval loss
     (limit 0: never). The best validation loss a run reports is unchanged by stopping.
@@ -210,14 +164,14 @@ class _State:
     early: _EarlyStop
 
 
-def _restore_or_init(ckpt, step: int | None, model: _Model, layout: _Layout,
+def _restore_or_init(ckpt, step: int | None, model: runtime.Model, layout: runtime.Layout,
                      patience: int) -> tuple[_State, Any]:
     """(the state to start from, the model's non-parameter state). The model is always
     initialised: its RNG streams are not in the checkpoint (each step re-keys them)."""
-    params, rest = model_state.init_sharded(model.make, layout.params, layout.replicated)
     if step is None:
-        opt_state = jax.jit(model.tx.init, out_shardings=layout.opt_state)(params)
+        params, opt_state, rest = runtime.init_fresh(model, layout)
         return _State(params, opt_state, 0, _EarlyStop(patience)), rest
+    params, rest = model_state.init_sharded(model.make, layout.params, layout.replicated)
     del params  # freed before the checkpoint's arrays take their place
     params, opt_state, meta = ckpt.restore(step, _placed(model.params, layout.params),
                                            _placed(model.opt_state, layout.opt_state))
@@ -233,34 +187,7 @@ def _placed(abstract, shardings):
                         abstract, shardings)
 
 
-# ----------------------------------------------------------------------------- 4. the steps
-class _Steps(NamedTuple):
-    """The compiled steps and the run's base key (step s trains with fold_in(key, s))."""
-    train: Callable
-    eval: Callable
-    base_key: Any
-
-    def key(self, step: int):
-        return jax.random.fold_in(self.base_key, step)
-
-
-def _compile(model: _Model, rest, layout: _Layout, t_cfg, mesh, packed: bool) -> _Steps:
-    """Explicit shardings in and out; the train step donates parameters and optimizer
-    state, so a step needs memory for one copy of them. packed: the data's rows may hold
-    several documents (data.Dataset.packed): only then does the model get segment ids."""
-    parts = model_state.ModelParts(model.graphdef, model.template, rest, model.names,
-                                   model.logical, model.shapes)
-    train_step = jax.jit(make_train_step(parts, model.tx, t_cfg.grad_accum, mesh, packed),
-                         in_shardings=(layout.params, layout.opt_state, layout.batch,
-                                       layout.replicated),
-                         out_shardings=(layout.params, layout.opt_state, layout.replicated),
-                         donate_argnums=(0, 1))
-    eval_step = jax.jit(make_eval_step(parts, packed),
-                        in_shardings=(layout.params, layout.batch),
-                        out_shardings=layout.replicated)
-    return _Steps(train_step, eval_step, jax.random.key(int(t_cfg.seed)))
-
-
+# ------------------------------------------------------------------------------- evaluation
 def _evaluate(eval_step, params, feed: _Feed, step: int) -> dict:
     """Masked loss and accuracy over the eval batches, token-weighted."""
     total = np.zeros(3)
@@ -270,7 +197,7 @@ def _evaluate(eval_step, params, feed: _Feed, step: int) -> dict:
             "eval_accuracy": total[2] / max(total[1], 1.0)}
 
 
-# ------------------------------------------------------------------------------- 5. logging
+# ---------------------------------------------------------------------------------- logging
 def _banner(n_params: int, model_cfg, mesh, start: int) -> str:
     where = f"resuming from step {start}" if start else "starting fresh"
     return (f"{n_params:,} parameters; mixers {model_cfg.layer_mixers()}; mesh "
@@ -364,7 +291,7 @@ class _StepLog:
             f"Try a lower train.lr, train.grad_clip=1.0 or train.precision=float32.")
 
 
-# -------------------------------------------------------------------------------- 6. saving
+# ----------------------------------------------------------------------------------- saving
 class _Saver:
     """Writes a checkpoint at most once per step, and names the newest for messages."""
 
@@ -393,7 +320,7 @@ class _Saver:
                 f"{self.ckpt.directory}")
 
 
-# ------------------------------------------------------------------------------- 7. signals
+# ---------------------------------------------------------------------------------- signals
 class _StopRequest:
     """Set by SIGINT/SIGTERM; the loop saves at the next step boundary and exits. A second
     signal gives up at once (KeyboardInterrupt), without saving."""
@@ -426,8 +353,8 @@ def _signals_caught() -> Iterator[_StopRequest]:
             signal.signal(sig, handler)
 
 
-# ------------------------------------------------------------------------------ 8. the loop
-def _run_steps(state: _State, end_step: int, t_cfg, steps: _Steps, feed: _Feed,
+# --------------------------------------------------------------------------------- the loop
+def _run_steps(state: _State, end_step: int, t_cfg, steps: runtime.Steps, feed: _Feed,
                saver: _Saver, step_log: _StepLog, sinks: metrics.Sinks,
                stop: _StopRequest) -> None:
     """Updates `state` up to `end_step`, or to an early stop; raises Interrupted after
@@ -466,7 +393,7 @@ def _run_steps(state: _State, end_step: int, t_cfg, steps: _Steps, feed: _Feed,
             return
 
 
-def _evaluate_for_early_stop(state: _State, steps: _Steps, feed: _Feed,
+def _evaluate_for_early_stop(state: _State, steps: runtime.Steps, feed: _Feed,
                              sinks: metrics.Sinks) -> bool:
     """Evaluates and records it; True when early stopping ends the run here."""
     entry = _evaluate(steps.eval, state.params, feed, state.step)

@@ -1,0 +1,98 @@
+"""What train.py runs, set up on the device mesh: the mesh itself, the model described
+abstractly with its optimizer and shardings, and the compiled train and eval steps
+(training.step's functions, jitted with explicit shardings and donation). The training
+loop and eval.speed both build their steps here, so a speed figure is the step a run
+takes.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple
+
+import jax
+import optax
+
+from training import builders, model_state, optim
+from training import sharding as shd
+from training import step as step_fns
+
+
+def make_mesh(config):
+    """The config's data x fsdp x tensor mesh; the batch must split evenly over it."""
+    mesh = shd.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+    shd.check_batch_divides(config.train.batch_size // config.train.grad_accum, mesh,
+                            "train.batch_size / train.grad_accum")
+    return mesh
+
+
+class Model(NamedTuple):
+    """The model abstractly (no memory, no FLOPs) and its optimizer."""
+    make: Callable[[], Any]
+    graphdef: Any
+    template: Any
+    names: dict
+    logical: dict
+    shapes: dict
+    params: dict          # name -> jax.ShapeDtypeStruct
+    opt_state: Any        # the optimizer state's tree of jax.ShapeDtypeStruct
+    tx: optax.GradientTransformation
+    schedule: Callable[[int], Any]
+
+
+class Layout(NamedTuple):
+    """Where every array lives on the mesh."""
+    params: dict          # name -> NamedSharding, by logical-axis rules
+    opt_state: Any        # like the parameter it belongs to; counters replicated
+    replicated: Any
+    batch: Any
+
+
+def describe_model(config, model_cfg, mesh) -> tuple[Model, Layout]:
+    make = builders.model_factory(model_cfg, config.train.seed)
+    graphdef, template, _, names, logical, shapes = model_state.describe(make)
+    params = {model_state.path_name(p): v.value for p, v in template.flat_state()}
+    tx, schedule = optim.make_optimizer(config.train, params, logical)
+    opt_state = jax.eval_shape(tx.init, params)
+    repl = shd.replicated(mesh)
+    param_sh = shd.param_shardings(logical, shapes, mesh)
+    opt_sh = optax.tree_map_params(tx, lambda _, s: s, opt_state, param_sh,
+                                   transform_non_params=lambda _: repl,
+                                   is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
+    model = Model(make, graphdef, template, names, logical, shapes, params, opt_state, tx,
+                   schedule)
+    return model, Layout(param_sh, opt_sh, repl, shd.batch_sharding(mesh))
+
+
+def init_fresh(model: Model, layout: Layout) -> tuple[dict, Any, Any]:
+    """(params, optimizer state, the model's non-parameter state) of a fresh start, each
+    placed by its sharding."""
+    params, rest = model_state.init_sharded(model.make, layout.params, layout.replicated)
+    opt_state = jax.jit(model.tx.init, out_shardings=layout.opt_state)(params)
+    return params, opt_state, rest
+
+
+class Steps(NamedTuple):
+    """The compiled steps and the run's base key (step s trains with fold_in(key, s))."""
+    train: Callable
+    eval: Callable
+    base_key: Any
+
+    def key(self, step: int):
+        return jax.random.fold_in(self.base_key, step)
+
+
+def compile_steps(model: Model, rest, layout: Layout, t_cfg, mesh, packed: bool) -> Steps:
+    """Explicit shardings in and out; the train step donates parameters and optimizer
+    state, so a step needs memory for one copy of them. packed: the data's rows may hold
+    several documents (data.Dataset.packed): only then does the model get segment ids."""
+    parts = model_state.ModelParts(model.graphdef, model.template, rest, model.names,
+                                   model.logical, model.shapes)
+    train_step = jax.jit(step_fns.make_train_step(parts, model.tx, t_cfg.grad_accum, mesh,
+                                                  packed),
+                         in_shardings=(layout.params, layout.opt_state, layout.batch,
+                                       layout.replicated),
+                         out_shardings=(layout.params, layout.opt_state, layout.replicated),
+                         donate_argnums=(0, 1))
+    eval_step = jax.jit(step_fns.make_eval_step(parts, packed),
+                        in_shardings=(layout.params, layout.batch),
+                        out_shardings=layout.replicated)
+    return Steps(train_step, eval_step, jax.random.key(int(t_cfg.seed)))
