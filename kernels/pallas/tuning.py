@@ -17,6 +17,9 @@ SOLVE_PRECISIONS = ("high", "highest")
 
 @dataclasses.dataclass(frozen=True)
 class Tuning:
+    """Launch settings of the GPU programs: warps and pipeline stages per kernel, the
+    value block of the sequential kernels, the UT solve's product precision. Equal
+    Tunings hash equal, so the jit cache keys on the value."""
     # Sequential kernels (the loop over chunks: forward, the split forward's state pass,
     # the backward's dS pass). Warps per program, 0 = 4 up to a 128 x 64 float32 state
     # slice and 8 past it (the slice lives in registers).
