@@ -92,38 +92,17 @@ def gaussian_projection(key, num_features: int, dim: int, *, orthogonal: bool = 
     return rows * norms[:, None]
 
 
-# A key feature is at most exp(KEY_HEADROOM): sums of such features over 1e6 tokens, 256
-# features and values of size 10 stay below float32's 3.4e38, and exp() never overflows.
-KEY_HEADROOM = 60.0
+def favor_plus(x, omega, *, scale: float = 1.0, query: bool = False, eps: float = 0.0):
+    """Positive random features exp(omega_i . x - |x|^2 / 2) / sqrt(m) (+ eps).
 
+    E[phi(q) . phi(k)] = exp(q . k) for Gaussian omega (seed 000). `scale` multiplies x
+    first: d^(-1/4) gives the softmax temperature, exp(q . k / sqrt(d)).
 
-def key_shift(omega):
-    """The key stabiliser c >= 0 of `favor_plus`: max_i |omega_i|^2 / 2 - KEY_HEADROOM,
-    at least 0, held out of the gradient.
-
-    omega_i . y - |y|^2 / 2 <= |omega_i|^2 / 2 for every y (equality at y = omega_i), at
-    any input scale, so a key exponent less c is at most KEY_HEADROOM. c depends on omega
-    only: it is common to every key, uses no other token (nothing from the future) and
-    multiplies every key feature by exp(-c), which the normalised output cancels.
-    """
-    sq = jnp.sum(jnp.square(omega.astype(jnp.float32)), axis=-1)
-    return jax.lax.stop_gradient(jnp.maximum(0.5 * jnp.max(sq) - KEY_HEADROOM, 0.0))
-
-
-def favor_plus(x, omega, *, scale: float = 1.0, query: bool = False, eps: float = 0.0,
-               shift=0.0):
-    """Positive random features exp(omega_i . x - |x|^2 / 2 - shift) / sqrt(m) (+ eps).
-
-    E[phi(q) . phi(k)] = exp(q . k) for Gaussian omega (seed 000) when shift = 0. `scale`
-    multiplies x first: d^(-1/4) gives the softmax temperature, exp(q . k / sqrt(d)).
-
-    Stabilisers, both causal-safe. Queries (query=True) subtract the per-token max of the
-    exponent over features: a constant of token t alone, which cancels between the
-    numerator and the normaliser (a max over keys or time would leak the future). Keys
-    subtract `shift`, a constant of omega alone (`key_shift`), which keeps every key
-    exponent in float32's range at any head dim and input scale; it is ignored for
-    queries. eps is added after the shift, so it is eps in the stabilised features: with
-    shift c > 0 a key's eps weighs exp(c) times more against its exponential than at c = 0.
+    Stabiliser, causal-safe: for queries (query=True) subtract the per-token max of the
+    exponent over features. That multiplies phi(q_t) by a constant of token t alone, which
+    cancels between the numerator and the normaliser, and uses no other token (a max over
+    keys or time would leak the future). Keys need none: omega . x - |x|^2/2 <= |omega|^2/2,
+    a bound that depends on omega only.
     """
     x = x.astype(jnp.float32) * scale
     # Full float32 precision: exp() turns a small error in the exponent (TF32 on GPU) into
@@ -133,22 +112,8 @@ def favor_plus(x, omega, *, scale: float = 1.0, query: bool = False, eps: float 
     logits = logits - 0.5 * jnp.sum(x * x, axis=-1, keepdims=True)
     if query:
         logits = logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
-    else:
-        logits = logits - jax.lax.stop_gradient(shift)
     m = omega.shape[0]
     return jnp.exp(logits) / math.sqrt(m) + eps
-
-
-def redrawn_projection(seed: int, step, num_features: int, dim: int, *, every: int,
-                       orthogonal: bool = True):
-    """omega for training step `step` when features are redrawn every `every` steps
-    (google-research's Performer redraws them): `gaussian_projection` keyed by
-    (seed, step // every), so a resumed run draws the same omega at the same step.
-    every = 0 keeps the one draw keyed by seed alone."""
-    key = jax.random.key(seed)
-    if every > 0:
-        key = jax.random.fold_in(key, step // every)
-    return gaussian_projection(key, num_features, dim, orthogonal=orthogonal)
 
 
 # --- DPFP (Schlag, Irie & Schmidhuber 2021) -------------------------------------------

@@ -50,8 +50,7 @@ class LinearAttention(FeatureMapAttention):
 class Performer(FeatureMapAttention):
     """FAVOR+ (Choromanski et al. 2020): m positive orthogonal random features of
     q, k / d^(1/4). omega is drawn once at init and kept as a non-trainable Buffer, so
-    the full call and decode use the same features. Keys subtract fm.key_shift(omega), so
-    no exponent overflows."""
+    the full call and decode use the same features."""
 
     feature_eps = 1e-4  # keeps every feature strictly positive (Performer's kernel_epsilon)
 
@@ -65,9 +64,8 @@ class Performer(FeatureMapAttention):
         return cfg.num_random_features
 
     def _phi(self, x, *, query: bool):
-        omega = self.omega[...]
-        return fm.favor_plus(x, omega, scale=self.head_dim ** -0.25, query=query,
-                             eps=self.feature_eps, shift=fm.key_shift(omega))
+        return fm.favor_plus(x, self.omega[...], scale=self.head_dim ** -0.25, query=query,
+                             eps=self.feature_eps)
 
 
 @register(HEDGEHOG)
