@@ -39,6 +39,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
 
 import kernels.pallas as kp  # noqa: E402
 from kernels import ops  # noqa: E402
@@ -173,7 +174,6 @@ def packed_lengths(seed: int, b: int, t: int, mean: float = PACKED_MEAN,
                    sigma: float = PACKED_SIGMA) -> list[list[int]]:
     """Each row's document lengths: log-normal draws with the given mean (at least one
     token each), the last one cut to fill the row exactly."""
-    import numpy as np
     rng = np.random.default_rng(seed)
     mu = np.log(mean) - sigma ** 2 / 2          # the log-normal's mean is exp(mu + s^2/2)
     rows = []
@@ -189,7 +189,6 @@ def packed_lengths(seed: int, b: int, t: int, mean: float = PACKED_MEAN,
 
 def segment_ids_of(rows: list[list[int]]):
     """(B, T) int32 segment ids: document i of a row has id i."""
-    import numpy as np
     return jnp.asarray(np.stack([np.repeat(np.arange(len(r)), r) for r in rows]),
                        jnp.int32)
 
@@ -316,7 +315,6 @@ def fla_varlen(torch, fops, rows, h=H, d=D, graph=False):
     """fla's chunk_gated_delta_rule forward over packed documents: every row's documents
     as one (1, B*T) sequence with cu_seqlens at each document's start (fla's varlen
     interface)."""
-    import numpy as np
     total = sum(map(sum, rows))
     q, k, v, g, beta = fla_gdn_inputs(torch, 1, total, h, d)
     starts = np.concatenate([[0], np.cumsum([n for r in rows for n in r])])

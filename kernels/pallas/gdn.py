@@ -26,11 +26,11 @@ from kernels.pallas.plan import Config, block_v
 from kernels.pallas.tuning import DEFAULT, Tuning
 
 
-def prep_xla(q, k, v, g, beta, chunk, docs=None):
+def prep_xla(q, k, v, g, beta, chunk, prep_docs=None):
     """q, k, v (B,Tp,H,.) input dtype; g, beta (B,Tp,H) float32. Returns the recurrence
     inputs (w, ut, p) as (B*H, Tp, .) in the input dtype and gcl (B*H, N, 1, 1).
-    docs: None, or (runs (B,Tp), prev_run (B,N)) of packed documents
-    (kernels.pallas.documents)."""
+    prep_docs: as gdn_prep's documents, None or (runs (B,Tp), masked G (B,Tp,H)) of
+    packed documents (kernels.pallas.documents)."""
     b, tp, h, kdim = q.shape
     c = chunk
     n = tp // c
@@ -39,10 +39,9 @@ def prep_xla(q, k, v, g, beta, chunk, docs=None):
     gc, betac = prep.chunked(g, b, h, n, c), prep.chunked(beta, b, h, n, c)
     big_g, dmat, incl = prep.decay_terms(gc)
     gamma = jnp.exp(big_g)
-    if docs is not None:
-        runs, prev_run = docs
+    if prep_docs is not None:
+        runs, gam = prep_docs
         dmat = jnp.where(documents.same_run(runs.reshape(b, 1, n, c)), dmat, 0.0)
-        gam = documents.masked_weights(prep.in_chunk_cumsum(g, c), runs, prev_run, c)[0]
         gamma = jnp.exp(prep.chunked(gam, b, h, n, c))
     p, gcl = prep.intra_chunk(qc, kc, dmat, big_g, dtype)
     strict = incl & ~jnp.eye(c, dtype=bool)
@@ -57,41 +56,46 @@ def prep_xla(q, k, v, g, beta, chunk, docs=None):
             gcl.reshape(b * h, n, 1, 1))
 
 
-def _weights(big_g, gcl, docs, chunk):
-    """(gcl, gam, gkey) as the recurrence takes them: G and the preparation's G_C (gkey
-    None: formed in the kernel), or for packed documents the masked log weights."""
-    if docs is None:
-        return gcl, big_g, None
-    gam, gkey, gcl_masked = documents.masked_weights(big_g, *docs, chunk)
-    return gcl_masked, gam, gkey
-
-
-def _prep_documents(big_g, docs, chunk):
-    """gdn_prep's documents argument: (runs, masked G) or None."""
+def _masked(big_g, docs, chunk):
+    """The recurrence's (gcl, gam, gkey) for packed documents: the masked log weights
+    (kernels.pallas.documents), or None without documents."""
     if docs is None:
         return None
-    return docs[0], documents.masked_weights(big_g, *docs, chunk)[0]
+    gam, gkey, gcl = documents.masked_weights(big_g, *docs, chunk)
+    return gcl, gam, gkey
+
+
+def _prepare(q, k, v, g, beta, docs, cfg: Config, *, fused: bool, with_inverse=False):
+    """(G, [X] (the fused preparation's saved inverse, with_inverse only), the
+    recurrence's inputs before its state: (w, ut, q, k, p, gcl, gam, gkey)). Without
+    documents gam is G and gcl the preparation's G_C (gkey None: formed in the kernel);
+    for packed documents the masked log weights, computed once for both the preparation
+    (its W's gamma) and the recurrence. fused: the Pallas preparation (gdn_prep), else
+    the XLA one."""
+    big_g = prep.in_chunk_cumsum(g, cfg.chunk)
+    masked = _masked(big_g, docs, cfg.chunk)
+    prep_docs = None if masked is None else (docs[0], masked[1])
+    if fused:
+        w, ut, p, gcl, *saved = gdn_prep(q, k, v, big_g, beta, chunk=cfg.chunk,
+                                         tuning=cfg.tuning, with_inverse=with_inverse,
+                                         documents=prep_docs)
+    else:
+        (w, ut, p, gcl), saved = prep_xla(q, k, v, g, beta, cfg.chunk, prep_docs), []
+    gcl, gam, gkey = (gcl, big_g, None) if masked is None else masked
+    return big_g, saved, (w, ut, q, k, p, gcl, gam, gkey)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
 def _fused(q, k, v, g, beta, s0, docs, cfg: Config):
-    big_g = prep.in_chunk_cumsum(g, cfg.chunk)
-    w, ut, p, gcl = gdn_prep(q, k, v, big_g, beta, chunk=cfg.chunk, tuning=cfg.tuning,
-                             with_inverse=False,
-                             documents=_prep_documents(big_g, docs, cfg.chunk))
-    gcl, gam, gkey = _weights(big_g, gcl, docs, cfg.chunk)
-    o, st = recurrence.chunk_recurrence(w, ut, q, k, p, gcl, gam, gkey, s0, cfg)
+    _, _, inputs = _prepare(q, k, v, g, beta, docs, cfg, fused=True)
+    o, st = recurrence.chunk_recurrence(*inputs, s0, cfg)
     return o, st
 
 
 def _fused_fwd(q, k, v, g, beta, s0, docs, cfg):
-    big_g = prep.in_chunk_cumsum(g, cfg.chunk)
-    w, ut, p, gcl, inverse = gdn_prep(q, k, v, big_g, beta, chunk=cfg.chunk,
-                                      tuning=cfg.tuning, with_inverse=True,
-                                      documents=_prep_documents(big_g, docs, cfg.chunk))
-    gcl, gam, gkey = _weights(big_g, gcl, docs, cfg.chunk)
-    (o, st), res = recurrence.forward_with_residuals(w, ut, q, k, p, gcl, gam, gkey, s0,
-                                                     cfg)
+    big_g, (inverse,), inputs = _prepare(q, k, v, g, beta, docs, cfg, fused=True,
+                                         with_inverse=True)
+    (o, st), res = recurrence.forward_with_residuals(*inputs, s0, cfg)
     return (o, st), (v, beta, inverse, big_g, docs, res)
 
 
@@ -104,7 +108,7 @@ def _fused_bwd(cfg, saved, cts):
     else:
         # the masked weights' cotangents back to G; the preparation's own G_C output is
         # not what the recurrence read, so its cotangent is 0
-        _, pull = jax.vjp(lambda x: _weights(x, None, docs, cfg.chunk), big_g)
+        _, pull = jax.vjp(lambda x: _masked(x, docs, cfg.chunk), big_g)
         (dgam,) = pull((dgcl, dgam, dgkey))
         dgcl = jnp.zeros_like(dgcl)
         prep_docs = (docs[0], gam)
@@ -140,7 +144,8 @@ def gated_delta_rule(q, k, v, log_alpha, beta, *, initial_state=None, return_sta
     if fused_prep is None:
         fused_prep = variant == "gpu"
     if fused_prep and variant != "gpu":
-        raise ValueError(f"{op}: fused_prep runs only on the 'gpu' variant, got {variant!r}")
+        raise ValueError(f"{op}: fused_prep runs only on the 'gpu' variant, "
+                         f"got {variant!r}")
     c = chunk_size
     n = -(-t // c)
     tp = n * c
@@ -157,9 +162,8 @@ def gated_delta_rule(q, k, v, log_alpha, beta, *, initial_state=None, return_sta
     if fused_prep:
         o, st = _fused(q, k, v, g, bt, s0, docs, cfg)
     else:
-        w, ut, p, gcl = prep_xla(q, k, v, g, bt, c, docs)
-        gcl, gam, gkey = _weights(prep.in_chunk_cumsum(g, c), gcl, docs, c)
-        o, st = recurrence.chunk_recurrence(w, ut, q, k, p, gcl, gam, gkey, s0, cfg)
+        _, _, inputs = _prepare(q, k, v, g, bt, docs, cfg, fused=False)
+        o, st = recurrence.chunk_recurrence(*inputs, s0, cfg)
     o = o[:, :t]
     st = st.reshape(b, h, kdim, vdim)
     return (o, st) if return_state else o

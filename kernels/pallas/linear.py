@@ -62,7 +62,7 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None,
         # constant-fold at great compile-time cost for long sequences.
         f32 = jnp.float32
         mask = jnp.tril(jnp.ones((c, c), f32))
-        big_g = None
+        gam = None      # the log weight of the incoming state at each token
         p = prep.einsum("bhntd,bhnsd->bhnts", qc, kc, dtype=dtype) * mask
         gcl = jnp.zeros((b, h, n), f32)
     else:
@@ -76,12 +76,12 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None,
             raise ValueError(f"{op}: log_decay must be (heads,) or (batch, time, heads) = "
                              f"{(b, t, h)}, got {g.shape}")
         g = common.pad_time(g, tp)
-        big_g = prep.in_chunk_cumsum(g, c)
+        gam = prep.in_chunk_cumsum(g, c)     # G; masked below for packed documents
         gc, dmat, _ = prep.decay_terms(prep.chunked(g, b, h, n, c))
         if segment_ids is not None:
             runs, prev_run = documents.chunk_runs(segment_ids, b, t, tp, c)
             dmat = jnp.where(documents.same_run(runs.reshape(b, 1, n, c)), dmat, 0.0)
-            big_g, gkey, gcl_masked = documents.masked_weights(big_g, runs, prev_run, c)
+            gam, gkey, gcl_masked = documents.masked_weights(gam, runs, prev_run, c)
         p, gcl = prep.intra_chunk(qc, kc, dmat, gc, dtype)
         if segment_ids is not None:
             gcl = gcl_masked.reshape(b, h, n)
@@ -101,18 +101,18 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None,
     cfg = Config(chunk=c, variant=variant, out_dtype=jnp.dtype(out_dtype).name,
                  block_v=block_v(f, dv, variant, b * h, tuning), tuning=tuning)
     o, st = chunk_recurrence(None, prep.flat(vc), q, k, prep.flat(p.astype(dtype)),
-                             gcl.reshape(b * h, n, 1, 1), big_g, gkey,
+                             gcl.reshape(b * h, n, 1, 1), gam, gkey,
                              s0.reshape(b * h, f, dv), cfg)
     st = st.reshape(b, h, f, dv)
     if normalize:
-        if big_g is None:
+        if gam is None:
             qg, kd = qc.astype(jnp.float32), kc.astype(jnp.float32)
         elif gkey is None:
             qg, kd = prep.decayed(qc, kc, gc)
         else:   # the masked weights (packed documents)
             weight = lambda lg, x: x.astype(jnp.float32) * jnp.exp(  # noqa: E731
                 prep.chunked(lg, b, h, n, c))[..., None]
-            qg, kd = weight(big_g, qc), weight(gkey, kc)
+            qg, kd = weight(gam, qc), weight(gkey, kc)
         den, z = _normaliser(qg, kd, p, gcl, z0)
         den = jnp.moveaxis(den.reshape(b, h, tp), 1, 2)            # (B, Tp, H)
         o = (o / (den[..., None] + eps))[:, :t].astype(dtype)

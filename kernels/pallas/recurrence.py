@@ -64,7 +64,8 @@ def forward_with_residuals(w, ut, q, k, p, gcl, gam, gkey, s0, cfg: Config):
     if cfg.variant == "gpu":
         o, st, h, u = fwd_gpu.forward_saving(w, ut, q, k, p, gcl, gam, gkey, s0, cfg)
     else:
-        (o, st, h), u = tpu.forward(w, ut, q, k, p, gcl, gam, gkey, s0, cfg, save=True), None
+        o, st, h = tpu.forward(w, ut, q, k, p, gcl, gam, gkey, s0, cfg, save=True)
+        u = None
     return (o, st), (w, None if u is not None else ut, q, k, p, gcl, gam, gkey, h, u)
 
 

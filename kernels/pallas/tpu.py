@@ -207,5 +207,6 @@ def backward(w, ut, q, k, p, gcl, gam, gkey, h, do, dst, cfg: Config):
     do = common.to_chunk_major(do, q.shape[0], q.shape[2])
     dw, dut, dqg, dkd, dp, dgcl, ds0 = _backward_kernel_call(
         w, ut, q, k, p, gcl, gam, gkey, h, do, dst, cfg)
-    dq, dk, dgam, dgkey, dgcl = _chain_decay(dqg, dkd, dgcl, q, k, gcl, gam, gkey, cfg.chunk)
+    dq, dk, dgam, dgkey, dgcl = _chain_decay(dqg, dkd, dgcl, q, k, gcl, gam, gkey,
+                                             cfg.chunk)
     return dw, dut, dq, dk, dp, dgcl, dgam, dgkey, ds0
