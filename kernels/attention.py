@@ -48,7 +48,8 @@ def softmax_attention(q, k, v, *, segment_ids=None, causal=True, scale=None, win
     """Softmax attention with optional causal mask, sliding window and segments.
 
     window: token t sees s with t - window < s <= t (and s - window < t when not causal).
-    impl: "xla", "cudnn" (GPU, bf16/fp16), or "auto" (cudnn where it applies, else xla).
+    impl: "xla", "cudnn" (GPU, bf16/fp16; segments as a mask), or "auto" (cudnn where it
+    applies, else xla).
     dropout_rate, dropout_rng: dropout on the attention probabilities (training; nanoGPT's
     attn_dropout). Kept weights are scaled by 1 / (1 - rate). This takes the explicit
     path (scores materialised), since the fused kernels have no dropout.
@@ -84,7 +85,9 @@ def softmax_attention(q, k, v, *, segment_ids=None, causal=True, scale=None, win
                                        dropout_rng)
 
     if impl == "auto":
-        use_cudnn = (jax.default_backend() == "gpu" and mask is None
+        # cuDNN's flash kernel takes the segment mask as an additive bias (B, 1, T, S): the
+        # same flops as causal attention, but no (B, H, T, S) scores kept for the backward.
+        use_cudnn = (jax.default_backend() == "gpu"
                      and q.dtype in (jnp.bfloat16, jnp.float16) and q.shape[-1] % 8 == 0
                      and q.shape[-1] <= 128)
         if use_cudnn:
