@@ -16,6 +16,7 @@ from kernels.ops import IMPLS
 
 DTYPES = ("float32", "bfloat16", "float16")
 FEATURE_MAPS = ("elu", "relu", "identity", "dpfp")
+REMAT_POLICIES = ("none", "full", "save_dots", "save_all_dots")
 
 
 def _runtime(default):
@@ -58,6 +59,18 @@ class ModelConfig:
     dtype: str = _runtime("float32")  # compute dtype
     param_dtype: str = "float32"   # parameters stay float32 by default
     remat: bool = _runtime(False)  # rematerialise each block in the backward pass
+    # How remat stores a block's inside: "none" (remat off unless remat=True, which
+    # means "full"), "full" (keep only each block's input), "save_dots" (keep the
+    # projection and MLP matmul outputs, recompute the elementwise work and the batched
+    # attention/chunk einsums: jax's dots_with_no_batch_dims_saveable), "save_all_dots"
+    # (keep every matmul output, batched ones included: jax's dots_saveable).
+    remat_policy: str = _runtime("none")
+    # Stack the parameters of the repeating group of layers (all layers alike: one
+    # layer; a 7+1 hybrid: the 8 layers) with a leading "layers" axis and run the
+    # groups under one lax.scan, so compile time does not grow with depth. Depths with
+    # no repeating group shorter than the model stay unrolled. Runtime: the checkpoint
+    # loader converts between the layouts (models.layer_stack).
+    scan_layers: bool = _runtime(True)
     tie_embeddings: bool = False
 
     def __post_init__(self):
@@ -92,6 +105,9 @@ class ModelConfig:
             fail("impl", f"choose one of {IMPLS}")
         if self.feature_map not in FEATURE_MAPS:
             fail("feature_map", f"choose one of {FEATURE_MAPS}")
+        if self.remat_policy not in REMAT_POLICIES:
+            fail("remat_policy", f"choose one of {REMAT_POLICIES} (remat=True alone "
+                 f"means \"full\")")
 
     # Derived sizes (properties, so dataclasses.replace never leaves them stale).
     @property
@@ -107,6 +123,13 @@ class ModelConfig:
         if self.d_ff:
             return self.d_ff
         return -(-int(8 * self.d_model / 3) // 32) * 32
+
+    @property
+    def resolved_remat_policy(self) -> str:
+        """remat_policy, with remat=True standing for "full" when no policy is named."""
+        if self.remat_policy == "none" and self.remat:
+            return "full"
+        return self.remat_policy
 
     def layer_mixers(self) -> list[str]:
         """The mixer name of every layer: cfg.mixer, or "softmax" on the hybrid's S layers."""
