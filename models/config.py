@@ -37,7 +37,12 @@ class ModelConfig:
     # Which mixer each layer uses.
     mixer: str = "softmax"         # a name in models.mixers.MIXERS
     softmax_every: int = 0         # 0 = never; 8 = layers 7, 15, ... are softmax (1-in-8 hybrid)
-    layer_pattern: str = ""        # "" or one "L"/"S" per layer; overrides softmax_every
+    # Mixer names, comma-separated: one per layer, or a group repeated to num_layers (it
+    # must divide it); "N*name" repeats a name. "base_conv,linear" on 4 layers = Zoology's
+    # Hybrid([BaseConv, linear]); "7*gated_deltanet,softmax" = the 1-in-8 hybrid. Overrides
+    # mixer and softmax_every. (Configs before it held one "L"/"S" letter per layer: read
+    # as L = mixer, S = softmax; see expand_layer_pattern.)
+    layer_pattern: str = ""
     # MLP.
     mlp: bool = True               # Zoology's MQAR runs have no MLP
     d_ff: int = 0                  # 0 = SwiGLU default, ~8/3 d_model rounded up to 32
@@ -48,7 +53,14 @@ class ModelConfig:
     feature_map: str = "elu"       # `linear`: elu, relu, identity, dpfp (2 d features)
     based_feature_dim: int = 16    # Based: q, k projected to this many dims per head
     num_random_features: int = 256  # performer
-    conv_size: int = 4             # short causal conv (deltanet, gated_deltanet)
+    conv_size: int = 4             # short causal conv (deltanet, gated_deltanet; short_conv)
+    # fla's use_short_conv for linear, performer, hedgehog, lightning, based, taylor: a
+    # causal depthwise conv (conv_size taps) + SiLU on q, k and v before the feature map.
+    # Off by default: none of their reference layers has one (fla's LinearAttention and
+    # BasedLinearAttention, Based's LinearAttention, fla's LightNet default False); the
+    # delta rules always have theirs.
+    short_conv: bool = False
+    base_conv_size: int = 3        # base_conv's causal conv taps (Zoology's kernel_size=3)
     impl: str = _runtime("auto")   # kernels.ops implementation for linear ops
     chunk_size: int = _runtime(64)
     rope_theta: float = 10000.0
@@ -78,7 +90,7 @@ class ModelConfig:
             raise ValueError(f"ModelConfig.{key}={getattr(self, key)!r}: {msg}")
 
         for key in ("vocab_size", "d_model", "num_layers", "num_heads", "window",
-                    "based_feature_dim", "num_random_features", "conv_size",
+                    "based_feature_dim", "num_random_features", "conv_size", "base_conv_size",
                     "chunk_size", "max_len"):
             if getattr(self, key) <= 0:
                 fail(key, "must be a positive integer")
@@ -90,10 +102,15 @@ class ModelConfig:
         if self.num_heads % self.resolved_kv_heads:
             fail("num_kv_heads", f"must divide num_heads={self.num_heads}")
         if self.layer_pattern:
-            if len(self.layer_pattern) != self.num_layers:
-                fail("layer_pattern", f"needs one letter per layer ({self.num_layers})")
-            if set(self.layer_pattern) - {"L", "S"}:
-                fail("layer_pattern", "may only hold 'L' (cfg.mixer) and 'S' (softmax)")
+            try:
+                names = expand_layer_pattern(self.layer_pattern, self.num_layers, self.mixer)
+            except ValueError as e:
+                fail("layer_pattern", str(e))
+            from models.mixers import MIXERS  # here, not at the top: mixers import this file
+            unknown = sorted(set(names) - set(MIXERS))
+            if unknown:
+                fail("layer_pattern", f"unknown mixer {', '.join(map(repr, unknown))}; valid "
+                     f"names: {', '.join(sorted(MIXERS))}")
         for key in ("dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 fail(key, "must be in [0, 1)")
@@ -132,15 +149,12 @@ class ModelConfig:
         return self.remat_policy
 
     def layer_mixers(self) -> list[str]:
-        """The mixer name of every layer: cfg.mixer, or "softmax" on the hybrid's S layers."""
-        names = []
-        for i in range(self.num_layers):
-            if self.layer_pattern:
-                softmax = self.layer_pattern[i] == "S"
-            else:
-                softmax = self.softmax_every > 0 and (i + 1) % self.softmax_every == 0
-            names.append("softmax" if softmax else self.mixer)
-        return names
+        """The mixer name of every layer: layer_pattern expanded, else cfg.mixer with
+        "softmax" on every softmax_every-th layer."""
+        if self.layer_pattern:
+            return expand_layer_pattern(self.layer_pattern, self.num_layers, self.mixer)
+        return ["softmax" if self.softmax_every > 0 and (i + 1) % self.softmax_every == 0
+                else self.mixer for i in range(self.num_layers)]
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -153,9 +167,12 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "ModelConfig":
-        """Build from a mapping; unknown keys and wrongly typed values raise ValueError."""
+        """Build from a mapping; unknown keys and wrongly typed values raise ValueError.
+        A key the mapping lacks takes its SAVED_DEFAULTS value if it has one (the model a
+        config written before the key existed meant), else the field's default."""
         fields = {f.name: f for f in dataclasses.fields(cls)}
         kwargs = {}
+        d = {**{k: v for k, v in SAVED_DEFAULTS.items() if k not in d}, **d}
         for key, value in d.items():
             if key not in fields:
                 near = difflib.get_close_matches(key, list(fields), n=3, cutoff=0.5)
@@ -165,6 +182,47 @@ class ModelConfig:
                     f"{', '.join(sorted(fields))}.")
             kwargs[key] = _check_type(key, value, type(getattr(cls, key)))
         return cls(**kwargs)
+
+
+# --- Configs written before a key existed ------------------------------------------------
+# A checkpoint's config.json must build the model it was trained as. Two rules, both here:
+#  - SAVED_DEFAULTS: for a key added later, the value that reproduces the older model when
+#    a mapping (config.json) lacks the key; from_dict applies it. short_conv: before it
+#    existed no feature-map mixer had a conv (False is also today's default; stated here so
+#    a later change of the default cannot silently change old checkpoints).
+#  - layer_pattern letters: before mixer names, a pattern was one "L" (cfg.mixer) or "S"
+#    (softmax) per layer; expand_layer_pattern still reads that form, as that model.
+SAVED_DEFAULTS: dict[str, Any] = {"short_conv": False}
+_LEGACY_LETTERS = frozenset("LS")
+
+
+def expand_layer_pattern(pattern: str, num_layers: int, mixer: str) -> list[str]:
+    """A layer_pattern -> one mixer name per layer (ValueError saying what is wrong).
+
+    "a,b,c": names, one per layer or a group repeated to num_layers (the group's length
+    must divide it); "N*name" stands for N copies of name; spaces are ignored. A pattern
+    of only the letters L and S and no comma is the old form: L = mixer, S = softmax,
+    exactly one letter per layer.
+    """
+    text = pattern.replace(" ", "")
+    if text and "," not in text and set(text) <= _LEGACY_LETTERS:
+        if len(text) != num_layers:
+            raise ValueError(f"the letter form needs one 'L' (mixer) or 'S' (softmax) per "
+                             f"layer: {len(text)} letters for num_layers={num_layers}")
+        return ["softmax" if c == "S" else mixer for c in text]
+    group = []
+    for item in text.split(","):
+        count, star, name = item.rpartition("*")
+        if not name:
+            raise ValueError(f"empty mixer name in {pattern!r}; write names separated by "
+                             f"commas, e.g. 'base_conv,linear' or '7*gated_deltanet,softmax'")
+        if star and not (count.isdigit() and int(count) > 0):
+            raise ValueError(f"{item!r}: a repeat is a positive count, e.g. '7*{name}'")
+        group += [name] * (int(count) if star else 1)
+    if num_layers % len(group):
+        raise ValueError(f"{pattern!r} names {len(group)} layers, which neither equals nor "
+                         f"divides num_layers={num_layers}")
+    return group * (num_layers // len(group))
 
 
 def _check_type(key: str, value: Any, want: type) -> Any:

@@ -102,17 +102,23 @@ def rope(x, positions, theta: float):
 class ShortConv(nnx.Module):
     """Depthwise causal conv over time followed by SiLU (fla's ShortConvolution).
 
-    y_t = silu(sum_i w_i x_{t-(c-1)+i}). Taps reaching into another segment are masked,
-    so packed documents never see each other. Decode state: the last c-1 inputs.
+    y_t = silu(b + sum_i w_i x_{t-(c-1)+i}). Taps reaching into another segment are
+    masked, so packed documents never see each other. Decode state: the last c-1 inputs.
+    size defaults to cfg.conv_size; bias (fla's conv_bias, off by default) and the SiLU
+    (activation=False: the plain conv, Zoology's ShortConvolution) are options.
     """
 
-    def __init__(self, cfg: ModelConfig, channels: int, *, rngs: nnx.Rngs):
+    def __init__(self, cfg: ModelConfig, channels: int, *, rngs: nnx.Rngs, size: int = 0,
+                 bias: bool = False, activation: bool = True):
         _, param_dtype = dtypes(cfg)
-        self.size = cfg.conv_size
-        bound = 1.0 / math.sqrt(cfg.conv_size)  # torch Conv1d default, fan_in = c
-        w = jax.random.uniform(rngs.params(), (cfg.conv_size, channels), param_dtype,
-                               -bound, bound)
+        self.size = size = size or cfg.conv_size
+        self.activation = activation
+        bound = 1.0 / math.sqrt(size)  # torch Conv1d default, fan_in = c
+        w = jax.random.uniform(rngs.params(), (size, channels), param_dtype, -bound, bound)
         self.kernel = nnx.Param(w, **meta(None, "heads"))
+        self.bias = (nnx.Param(jax.random.uniform(rngs.params(), (channels,), param_dtype,
+                                                  -bound, bound), **meta("heads"))
+                     if bias else None)
 
     def init_state(self, batch: int, channels: int, dtype):
         return jnp.zeros((batch, self.size - 1, channels), dtype)
@@ -133,7 +139,11 @@ class ShortConv(nnx.Module):
                 prev = jnp.pad(segment_ids, ((0, 0), (back, 0)), constant_values=-1)[:, :t]
                 tap = jnp.where((prev == segment_ids)[..., None], tap, 0)
             y = y + tap * w[i]
-        return jax.nn.silu(y), xp[:, xp.shape[1] - (c - 1):]
+        if self.bias is not None:
+            y = y + self.bias[...].astype(x.dtype)
+        if self.activation:
+            y = jax.nn.silu(y)
+        return y, xp[:, xp.shape[1] - (c - 1):]
 
 
 # --- MLP ------------------------------------------------------------------------------

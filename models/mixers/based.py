@@ -7,8 +7,16 @@ symmetric pair of the outer product once (fm.taylor_symmetric: 153 features at d
 where Based's code keeps all 273): the same kernel, so the same model, with a 44%
 smaller Taylor state, which the Pallas kernel runs padded to 256 features on GPU. The
 window part is exact softmax over the last cfg.window tokens (64).
-Based interleaves the two; here one mixer holds both and sums their outputs, so the
-layer recalls precisely nearby (window) and approximately far away (Taylor state).
+Two mixers, named for what they are:
+- `taylor`: the Taylor linear attention alone, Based's `LinearAttention` layer (and
+  Zoology's MQAR Based, which has no window). The Based language model interleaves it
+  with separate sliding-window and BaseConv layers by layer pattern:
+  configs/based_recipe.py.
+- `based`: one mixer holding both parts, summing their outputs in every layer, so each
+  layer recalls precisely nearby (a cfg.window-token window, 64) and approximately far
+  away (Taylor state). Not a layer of the Based paper: this repository's compact form.
+cfg.short_conv puts a short conv on the Taylor part's q, k, v (FeatureMapAttention); Based's
+and fla's linear-attention layers have none (the Based LM's convs are its BaseConv layers).
 """
 from __future__ import annotations
 
@@ -19,9 +27,10 @@ from models.config import ModelConfig
 from models.mixers.attention import SlidingWindowAttention
 from models.mixers.base import Mixer
 from models.mixers.feature_attention import FeatureMapAttention
-from models.mixers.registry import BASED, register
+from models.mixers.registry import BASED, TAYLOR, register
 
 
+@register(TAYLOR)
 class TaylorLinearAttention(FeatureMapAttention):
     """Based's linear attention: Taylor features of q, k projected to based_feature_dim."""
 

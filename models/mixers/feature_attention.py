@@ -1,8 +1,15 @@
 """FeatureMapAttention: the linear attention that `linear`, `performer`, `hedgehog` and
 Based's Taylor part share; a subclass gives only its feature map and its feature count.
 
-q, k, v projections -> phi(q), phi(k) -> kernels.ops.linear_attention -> output
-projection, with state S (B, H, F, Dv) and, when normalised, z (B, H, F).
+q, k, v projections [-> short conv] -> phi(q), phi(k) -> kernels.ops.linear_attention
+-> output projection, with state S (B, H, F, Dv) and, when normalised, z (B, H, F).
+
+cfg.short_conv (fla's use_short_conv) puts a causal depthwise conv + SiLU
+(models.layers.ShortConv, conv_size taps, no bias: fla's ShortConvolution defaults) on
+each of q, k and v after its projection and before the feature map, as fla's layers
+order them; its decode state is the last conv_size - 1 projected inputs of each. Its
+FLOPs are its weights' (one multiply-add per tap, channel and token), which models.flops
+counts at 2 per weight, so flops_per_token needs no term for it.
 """
 from __future__ import annotations
 
@@ -10,7 +17,7 @@ from flax import nnx
 
 from kernels import ops
 from models.config import ModelConfig
-from models.layers import dense
+from models.layers import ShortConv, dense, dtypes
 from models.mixers.recurrent import RecurrentMixer
 
 
@@ -30,6 +37,13 @@ class FeatureMapAttention(RecurrentMixer):
         self.k_proj = dense(cfg, cfg.d_model, h * f, ("embed", "heads"), rngs=rngs)
         self.v_proj = dense(cfg, cfg.d_model, h * d, ("embed", "heads"), rngs=rngs)
         self.o_proj = dense(cfg, h * d, cfg.d_model, ("heads", "embed"), rngs=rngs)
+        # Built only when asked for, so a model without it keeps its parameters (and
+        # checkpoints) as before.
+        self.short_conv = cfg.short_conv
+        if cfg.short_conv:  # delta.py's names
+            self.q_conv = ShortConv(cfg, h * f, rngs=rngs)
+            self.k_conv = ShortConv(cfg, h * f, rngs=rngs)
+            self.v_conv = ShortConv(cfg, h * d, rngs=rngs)
 
     # --- what a subclass provides -------------------------------------------------------
     @classmethod
@@ -47,12 +61,30 @@ class FeatureMapAttention(RecurrentMixer):
 
     def _inputs(self, x, *, segment_ids, conv_state):
         b, t, _ = x.shape
-        q = self.q_proj(x).reshape(b, t, self.num_heads, self.qk_dim)
-        k = self.k_proj(x).reshape(b, t, self.num_heads, self.qk_dim)
-        v = self.v_proj(x).reshape(b, t, self.num_heads, self.head_dim)
+        qkv = {"q": self.q_proj(x), "k": self.k_proj(x), "v": self.v_proj(x)}
+        new_conv = None
+        if self.short_conv:
+            cs = conv_state or {}
+            outs = {n: self._conv(n)(a, segment_ids=segment_ids, state=cs.get(n))
+                    for n, a in qkv.items()}
+            qkv = {n: y for n, (y, _) in outs.items()}
+            new_conv = {n: s for n, (_, s) in outs.items()}
+        q = qkv["q"].reshape(b, t, self.num_heads, self.qk_dim)
+        k = qkv["k"].reshape(b, t, self.num_heads, self.qk_dim)
+        v = qkv["v"].reshape(b, t, self.num_heads, self.head_dim)
         q = self._phi(q, query=True).astype(v.dtype)
         k = self._phi(k, query=False).astype(v.dtype)
-        return {"q": q, "k": k, "v": v}, None
+        return {"q": q, "k": k, "v": v}, new_conv
+
+    def _conv(self, name: str) -> ShortConv:
+        return getattr(self, f"{name}_conv")
+
+    def _conv_state(self, batch: int):
+        if not self.short_conv:
+            return None
+        h, dtype = self.num_heads, dtypes(self.cfg)[0]
+        widths = {"q": h * self.qk_dim, "k": h * self.qk_dim, "v": h * self.head_dim}
+        return {n: self._conv(n).init_state(batch, c, dtype) for n, c in widths.items()}
 
     def _op(self, inputs, *, segment_ids, initial_state, return_state, impl):
         return ops.linear_attention(

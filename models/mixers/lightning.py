@@ -7,6 +7,11 @@
 slope_h are ALiBi's head slopes, a fixed geometric sequence, so heads remember over
 different horizons. (MiniMax also shrinks them with depth; a mixer does not know its
 layer index here, so every layer uses the base slopes.)
+
+cfg.short_conv puts fla's ShortConvolution (causal depthwise conv of conv_size taps, no
+bias, then SiLU) between qkv_proj and the SiLU: q, k, v = silu(conv(qkv_proj(x))), one
+depthwise conv over the 3 H D channels (the same as a conv each for q, k and v). Neither
+MiniMax's layer nor fla's LightNet (use_short_conv=False) has one by default.
 """
 from __future__ import annotations
 
@@ -18,7 +23,7 @@ from flax import nnx
 
 from kernels import ops
 from models.config import ModelConfig
-from models.layers import dense, rms_norm
+from models.layers import ShortConv, dense, dtypes, rms_norm
 from models.mixers.recurrent import RecurrentMixer
 from models.mixers.registry import LIGHTNING, register
 
@@ -45,12 +50,27 @@ class LightningAttention(RecurrentMixer):
         self.norm = rms_norm(cfg, h * d, rngs=rngs)
         self.out_proj = dense(cfg, h * d, cfg.d_model, ("heads", "embed"), rngs=rngs)
         self.slopes = tuple(alibi_slopes(h))  # static: fixed, not trained
+        # Built only when asked for: a model without it keeps its parameters as before.
+        self.qkv_conv = ShortConv(cfg, 3 * h * d, rngs=rngs) if cfg.short_conv else None
 
     def _inputs(self, x, *, segment_ids, conv_state):
         b, t, _ = x.shape
         h, d = self.num_heads, self.head_dim
-        qkv = jax.nn.silu(self.qkv_proj(x)).reshape(b, t, 3, h, d)
-        return {"q": qkv[:, :, 0], "k": qkv[:, :, 1], "v": qkv[:, :, 2]}, None
+        qkv, new_conv = self.qkv_proj(x), None
+        if self.qkv_conv is None:
+            qkv = jax.nn.silu(qkv)
+        else:  # ShortConv ends with the SiLU
+            qkv, conv = self.qkv_conv(qkv, segment_ids=segment_ids,
+                                      state=(conv_state or {}).get("qkv"))
+            new_conv = {"qkv": conv}
+        qkv = qkv.reshape(b, t, 3, h, d)
+        return {"q": qkv[:, :, 0], "k": qkv[:, :, 1], "v": qkv[:, :, 2]}, new_conv
+
+    def _conv_state(self, batch: int):
+        if self.qkv_conv is None:
+            return None
+        c = 3 * self.num_heads * self.head_dim
+        return {"qkv": self.qkv_conv.init_state(batch, c, dtypes(self.cfg)[0])}
 
     def _op(self, inputs, *, segment_ids, initial_state, return_state, impl):
         log_decay = -jnp.asarray(self.slopes, jnp.float32)

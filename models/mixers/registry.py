@@ -17,6 +17,8 @@ BASED = "based"
 GATED_DELTANET = "gated_deltanet"
 DELTANET = "deltanet"
 LIGHTNING = "lightning"
+TAYLOR = "taylor"
+BASE_CONV = "base_conv"
 
 MIXERS: dict[str, type] = {}
 

@@ -28,7 +28,9 @@ def _hand_flops(name, cfg, t):
         "linear": 4 * H * linear_f * D,   # state write 2 F Dv and read 2 F Dv, per head
         "performer": 4 * H * cfg.num_random_features * D,
         "hedgehog": 4 * H * (2 * D) * D,
+        "taylor": 4 * H * taylor * D,
         "based": 4 * H * taylor * D + 4 * w * H * D,
+        "base_conv": 0,                   # its conv and projection are weights, counted there
         "gated_deltanet": 4 * H * D * D,
         "deltanet": 4 * H * D * D,
         "lightning": 4 * H * D * D,

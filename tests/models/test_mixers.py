@@ -32,7 +32,8 @@ def inputs(cfg, batch=B, seq=T, seed=1):
 
 def test_registry_has_every_mixer():
     assert set(MIXERS) == {"softmax", "sliding_window", "linear", "performer", "hedgehog",
-                           "based", "gated_deltanet", "deltanet", "lightning"}
+                           "taylor", "based", "gated_deltanet", "deltanet", "lightning",
+                           "base_conv"}
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -136,7 +137,9 @@ def _hand_state_size(name, cfg):
         "linear": h * (d * d + d),                  # S (F x Dv) and z (F), F = d
         "performer": h * (m * d + m),
         "hedgehog": h * (2 * d * d + 2 * d),
+        "taylor": h * (taylor_f * d + taylor_f),
         "based": h * (taylor_f * d + taylor_f) + w * 2 * kv * d,
+        "base_conv": (cfg.base_conv_size - 1) * cfg.d_model,  # the conv's last inputs
         "gated_deltanet": h * d * d + conv,
         "deltanet": h * d * d + conv,
         "lightning": h * d * d,

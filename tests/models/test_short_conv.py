@@ -1,0 +1,208 @@
+"""Issue 17's convolutions: the short conv (cfg.short_conv) against a float64 transcription
+of fla's ShortConvolution, Zoology's BaseConv against a float64 transcription of
+zoology/mixers/base_conv.py, and every mixer that takes short_conv with it on: its three
+forms (cfg.impl parallel / recurrent / chunk) and decode (prefill + steps) agree, and
+packed documents do not see each other through the conv."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from models import get_mixer
+from models.layers import ShortConv
+from tests.models import reference
+from tests.models.helpers import Functional, close, tiny_config
+
+B, T, SPLIT = 2, 20, 12
+
+
+def np_causal_conv1d(x, weight, bias=None):
+    """torch.nn.Conv1d(C, C, K, groups=C, padding=K-1)(x.transpose(1, 2))[..., :T]
+    .transpose(1, 2), as fla's ShortConvolution and Zoology's ShortConvolution call it:
+    x (B, T, C), weight (C, 1, K) torch's layout, bias (C,). Cross-correlation over the
+    zero-padded input, first T outputs kept."""
+    b, t, c = x.shape
+    k = weight.shape[-1]
+    xp = np.concatenate([np.zeros((b, k - 1, c)), x, np.zeros((b, k - 1, c))], axis=1)
+    out = np.zeros((b, t + k - 1, c))
+    for s in range(t + k - 1):
+        for j in range(k):
+            out[:, s] += weight[:, 0, j] * xp[:, s + j]
+    if bias is not None:
+        out = out + bias
+    return out[:, :t]
+
+
+def torch_weight(conv):
+    """Our (K, C) kernel in torch's (C, 1, K) Conv1d layout."""
+    return np.asarray(conv.kernel[...], np.float64).T[:, None, :]
+
+
+def x_of(shape, seed=1):
+    return jax.random.normal(jax.random.key(seed), shape)
+
+
+def test_short_conv_is_fla_short_convolution():
+    """fla's ShortConvolution(activation='silu', bias=False): silu(causal conv(x)); with
+    the packed rows of cu_seqlens each document convolved alone; and decode from the
+    state equals the full conv."""
+    cfg = tiny_config(conv_size=4)
+    conv = ShortConv(cfg, 6, rngs=nnx.Rngs(0))
+    x = x_of((B, T, 6))
+    y, state = conv(x)
+    ref = reference.silu(np_causal_conv1d(np.asarray(x, np.float64), torch_weight(conv)))
+    np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(state, x[:, -3:])  # the last conv_size - 1 inputs
+    # Packed: documents of 7 + 13 (row 0) and 12 + 8 (row 1) tokens.
+    cuts = [7, 12]
+    seg = jnp.array([[1] * c + [2] * (T - c) for c in cuts], jnp.int32)
+    packed, _ = conv(x, segment_ids=seg)
+    for i, c in enumerate(cuts):
+        for doc in (x[i:i + 1, :c], x[i:i + 1, c:]):
+            alone = reference.silu(np_causal_conv1d(np.asarray(doc, np.float64),
+                                                    torch_weight(conv)))
+            got = packed[i:i + 1, :c] if doc.shape[1] == c else packed[i:i + 1, c:]
+            np.testing.assert_allclose(got, alone, rtol=1e-5, atol=1e-6)
+    # Decode: prefill 12 tokens, then one token at a time from the carried state.
+    y0, s = conv(x[:, :SPLIT])
+    ys = [y0]
+    for t in range(SPLIT, T):
+        y_t, s = conv(x[:, t:t + 1], state=s)
+        ys.append(y_t)
+    close(y, jnp.concatenate(ys, axis=1), tol=1e-6)
+
+
+def np_base_conv(m, u):
+    """zoology/mixers/base_conv.py BaseConv.forward with its defaults (use_act=False):
+    u_conv = self.conv(u); u_proj = self.projection(u); return u_conv * u_proj + u."""
+    u = np.asarray(u, np.float64)
+    u_conv = np_causal_conv1d(u, torch_weight(m.conv), reference.p(m.conv.bias))
+    u_proj = u @ reference.p(m.projection.kernel) + reference.p(m.projection.bias)
+    return u_conv * u_proj + u
+
+
+def _move_off_init(module, seed=7):
+    """Nonzero biases (they initialise to 0 in nnx.Linear), so the test sees them used."""
+    for i, (_, var) in enumerate(nnx.to_flat_state(nnx.state(module, nnx.Param))):
+        var[...] = var[...] + 0.3 * jax.random.normal(jax.random.key(seed + i),
+                                                      var[...].shape)
+    return module
+
+
+def test_base_conv_is_zoology_base_conv():
+    cfg = tiny_config()
+    f = Functional(_move_off_init(get_mixer("base_conv")(cfg, rngs=nnx.Rngs(0))))
+    assert f.module.conv.size == 3 and f.module.conv.bias is not None
+    x = x_of((B, T, cfg.d_model), seed=4)
+    np.testing.assert_allclose(f(x), np_base_conv(f.module, x), rtol=2e-5, atol=2e-5)
+    # Decode (prefill + steps) and packed documents.
+    state = f.module.init_state(B, cfg.max_len)
+    y0, state = f.method("prefill", x[:, :SPLIT], state)
+    y1, _ = f.steps("step", state, x[:, SPLIT:])
+    close(f(x), jnp.concatenate([y0, y1], axis=1))
+    seg = jnp.array([[1] * 7 + [2] * (T - 7)] * B, jnp.int32)
+    packed = f(x, seg)
+    np.testing.assert_allclose(packed[:, 7:], np_base_conv(f.module, x[:, 7:]),
+                               rtol=2e-5, atol=2e-5)
+
+
+def _build(name, **overrides):
+    cfg = tiny_config(short_conv=True, **overrides)
+    return cfg, get_mixer(name)(cfg, rngs=nnx.Rngs(0))
+
+
+CUTS = (7, 12)  # row 0 packs documents of 7 + 13 tokens, row 1 of 12 + 8
+
+
+def _every_form(modules, x, seg, alone_x):
+    """One traced program (one compile) with every output the test compares: the full
+    call in each impl, prefill + per-token steps, the packed rows, the documents alone."""
+    chunk = modules["chunk"]
+    out = {impl: m(x) for impl, m in modules.items()}
+    y0, state = chunk.prefill(x[:, :SPLIT], chunk.init_state(B))
+
+    def body(c, x_t):
+        y, c = chunk.step(x_t, c)
+        return c, y
+    _, y1 = jax.lax.scan(body, state, jnp.swapaxes(x[:, SPLIT:], 0, 1))
+    out["decode"] = jnp.concatenate([y0, jnp.swapaxes(y1, 0, 1)], axis=1)
+    out["packed"] = chunk(x, segment_ids=seg)
+    out["alone"] = chunk(alone_x)
+    return out
+
+
+@pytest.mark.parametrize("name", ["linear", "hedgehog", "performer", "lightning", "based"])
+def test_short_conv_forms_decode_and_packing_agree(name):
+    cfg, module = _build(name)
+    convs = [p for p, _ in nnx.to_flat_state(nnx.state(module, nnx.Param))
+             if any("conv" in str(k) for k in p)]
+    assert convs, f"{name}: short_conv=True built no conv"
+    state = module.init_state(B)
+    assert "conv" in (state["linear"] if name == "based" else state)
+    # The three forms of the op on the same parameters (impl is a config field).
+    modules = {}
+    for impl in ("parallel", "recurrent", "chunk"):
+        _, m = _build(name, impl=impl)
+        nnx.update(m, nnx.state(module))
+        modules[impl] = m
+    x = x_of((B, T, cfg.d_model))
+    seg = jnp.array([[1] * c + [2] * (T - c) for c in CUTS], jnp.int32)
+    alone_x = jnp.stack([jnp.concatenate([x[i, c:], jnp.zeros_like(x[i, :c])])
+                         for i, c in enumerate(CUTS)])
+    out = nnx.jit(_every_form)(modules, x, seg, alone_x)
+    full = out["chunk"]
+    close(out["parallel"], out["recurrent"])
+    close(out["parallel"], full)
+    # Decode: prefill, then a step per token, carrying the op's state and the conv's.
+    close(full, out["decode"])
+    # Packed documents equal the documents alone: nothing leaks through the conv's taps.
+    for i, c in enumerate(CUTS):
+        close(full[i, :c], out["packed"][i, :c])
+        close(out["alone"][i, :T - c], out["packed"][i, c:])
+
+
+def test_short_conv_linear_layer_matches_float64_reference():
+    """The whole `linear` layer with short_conv: q, k, v = silu(conv(x W)) (fla's order:
+    conv before the feature map), then elu+1 normalised linear attention."""
+    cfg, module = _build("linear")
+    f = Functional(module)
+    x = x_of((B, T, cfg.d_model), seed=4)
+    h = cfg.num_heads
+
+    def conv_silu(a, conv):
+        return reference.silu(np_causal_conv1d(a, torch_weight(conv)))
+
+    xs = np.asarray(x, np.float64)
+    q = conv_silu(xs @ reference.p(module.q_proj.kernel), module.q_conv)
+    k = conv_silu(xs @ reference.p(module.k_proj.kernel), module.k_conv)
+    v = conv_silu(xs @ reference.p(module.v_proj.kernel), module.v_conv)
+    out = []
+    for qb, kb, vb in zip(q, k, v):
+        qf, kf = reference._elu1(reference.heads(qb, h)), reference._elu1(reference.heads(kb, h))
+        vh = reference.heads(vb, h)
+        S, z, rows = 0, 0, []
+        for t in range(T):
+            S = S + np.einsum("hf,hd->hfd", kf[t], vh[t])
+            z = z + kf[t]
+            num = np.einsum("hf,hfd->hd", qf[t], S)
+            rows.append((num / (np.einsum("hf,hf->h", qf[t], z)[:, None] + 1e-6)).reshape(-1))
+        out.append(np.stack(rows) @ reference.p(module.o_proj.kernel))
+    np.testing.assert_allclose(f(x), np.stack(out), rtol=2e-4, atol=2e-5)
+
+
+def test_flops_count_the_convs_through_their_weights():
+    """A depthwise conv tap is one multiply-add per token and channel, i.e. 2 FLOPs per
+    weight: models.flops counts it through the parameter count; BaseConv's layer costs its
+    weights and nothing more."""
+    from models import LanguageModel, ModelConfig
+    small = dict(vocab_size=50, d_model=32, num_heads=2, num_layers=2, mixer="linear")
+    off = LanguageModel(ModelConfig(**small), rngs=nnx.Rngs(0))
+    on = LanguageModel(ModelConfig(**small, short_conv=True), rngs=nnx.Rngs(0))
+    conv_weights = 2 * 3 * 4 * 32  # layers x (q, k, v) x conv_size taps x channels
+    assert on.flops_per_token(64) - off.flops_per_token(64) == 2 * conv_weights
+    hybrid = LanguageModel(ModelConfig(**small, layer_pattern="base_conv,linear"),
+                           rngs=nnx.Rngs(0))
+    n = sum(p.size for p in jax.tree.leaves(nnx.state(hybrid, nnx.Param)))
+    linear_mixing = get_mixer("linear").flops_per_token(hybrid.cfg, 64)
+    assert hybrid.flops_per_token(64) == 2 * n + linear_mixing
