@@ -2,7 +2,7 @@
 which is softmax attention. A byte-level LM on local files, like lm_files.py.
 
     python train.py --config=configs/hybrid.py --workdir=runs/hybrid --config.data.files=...
-    # move the softmax layer: --config.model.layer_pattern=SLLLLLLL
+    # move the softmax layer: --config.model.layer_pattern=softmax,7*gated_deltanet
 """
 from configs import lm_files
 

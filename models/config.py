@@ -38,10 +38,10 @@ class ModelConfig:
     mixer: str = "softmax"         # a name in models.mixers.MIXERS
     softmax_every: int = 0         # 0 = never; 8 = layers 7, 15, ... are softmax (1-in-8 hybrid)
     # Mixer names, comma-separated: one per layer, or a group repeated to num_layers (it
-    # must divide it); "N*name" repeats a name. "base_conv,linear" on 4 layers = Zoology's
-    # Hybrid([BaseConv, linear]); "7*gated_deltanet,softmax" = the 1-in-8 hybrid. Overrides
-    # mixer and softmax_every. (Configs before it held one "L"/"S" letter per layer: read
-    # as L = mixer, S = softmax; see expand_layer_pattern.)
+    # must divide it); "N*name" repeats a name; the name "mixer" stands for cfg.mixer.
+    # "base_conv,mixer" = Zoology's Hybrid([BaseConv, mixer]) (configs/mqar_zoology.py);
+    # "7*gated_deltanet,softmax" = the 1-in-8 hybrid. Overrides softmax_every. (Configs
+    # before it held one "L"/"S" letter per layer: read as L = mixer, S = softmax.)
     layer_pattern: str = ""
     # MLP.
     mlp: bool = True               # Zoology's MQAR runs have no MLP
@@ -60,7 +60,8 @@ class ModelConfig:
     # BasedLinearAttention, Based's LinearAttention, fla's LightNet default False); the
     # delta rules always have theirs.
     short_conv: bool = False
-    base_conv_size: int = 3        # base_conv's causal conv taps (Zoology's kernel_size=3)
+    base_conv_size: int = 3        # base_conv / gated_conv conv taps (kernel_size=3 in both)
+    gated_conv_expand: int = 4     # gated_conv: in_proj to 4 d_model (Based's expand_proj)
     impl: str = _runtime("auto")   # kernels.ops implementation for linear ops
     chunk_size: int = _runtime(64)
     rope_theta: float = 10000.0
@@ -91,6 +92,7 @@ class ModelConfig:
 
         for key in ("vocab_size", "d_model", "num_layers", "num_heads", "window",
                     "based_feature_dim", "num_random_features", "conv_size", "base_conv_size",
+                    "gated_conv_expand",
                     "chunk_size", "max_len"):
             if getattr(self, key) <= 0:
                 fail(key, "must be a positive integer")
@@ -101,6 +103,9 @@ class ModelConfig:
             fail("num_heads", f"must divide d_model={self.d_model}, or set head_dim")
         if self.num_heads % self.resolved_kv_heads:
             fail("num_kv_heads", f"must divide num_heads={self.num_heads}")
+        if self.gated_conv_expand * self.d_model % 2:
+            fail("gated_conv_expand", "times d_model must be even (gated_conv splits its "
+                 "in_proj output in halves)")
         if self.layer_pattern:
             try:
                 names = expand_layer_pattern(self.layer_pattern, self.num_layers, self.mixer)
@@ -200,7 +205,8 @@ def expand_layer_pattern(pattern: str, num_layers: int, mixer: str) -> list[str]
     """A layer_pattern -> one mixer name per layer (ValueError saying what is wrong).
 
     "a,b,c": names, one per layer or a group repeated to num_layers (the group's length
-    must divide it); "N*name" stands for N copies of name; spaces are ignored. A pattern
+    must divide it); "N*name" stands for N copies of name; the name "mixer" for `mixer`
+    (cfg.mixer, so a sweep over model.mixer keeps the layout); spaces are ignored. A pattern
     of only the letters L and S and no comma is the old form: L = mixer, S = softmax,
     exactly one letter per layer.
     """
@@ -218,7 +224,7 @@ def expand_layer_pattern(pattern: str, num_layers: int, mixer: str) -> list[str]
                              f"commas, e.g. 'base_conv,linear' or '7*gated_deltanet,softmax'")
         if star and not (count.isdigit() and int(count) > 0):
             raise ValueError(f"{item!r}: a repeat is a positive count, e.g. '7*{name}'")
-        group += [name] * (int(count) if star else 1)
+        group += [mixer if name == "mixer" else name] * (int(count) if star else 1)
     if num_layers % len(group):
         raise ValueError(f"{pattern!r} names {len(group)} layers, which neither equals nor "
                          f"divides num_layers={num_layers}")

@@ -1,5 +1,8 @@
-"""BaseConv (Arora et al., Zoology 2023), transcribed from zoology/mixers/base_conv.py with
-its defaults (kernel_size=3, use_act=False):
+"""The two gated short convolutions of the Zoology and Based papers (Arora et al. 2023,
+2024), each transcribed from its reference code; both are a hybrid's building blocks.
+
+`base_conv`: Zoology's BaseConv, zoology/mixers/base_conv.py with its defaults
+(kernel_size=3, use_act=False):
 
   y = conv(u) * projection(u) + u
 
@@ -8,16 +11,25 @@ ShortConvolution pads kernel_size-1 and keeps the first T outputs: no activation
 projection an nn.Linear(d_model, d_model) with a bias. The "+ u" is inside the mixer,
 as in Zoology (the block adds its own residual around it). Zoology's MQAR models are
 Hybrid([BaseConv, mixer]): layer i takes configs[i % 2], i.e. layer_pattern
-"base_conv,<mixer>". Decode state: the conv's last base_conv_size - 1 inputs.
+"base_conv,mixer". Decode state: the conv's last base_conv_size - 1 inputs.
+
+`gated_conv`: the Based language model's BaseConv, based/models/mixers/convolution.py
+(use_bias=True, expand_proj=cfg.gated_conv_expand, 4 in Based's reference configs;
+kernel 3; its ShortConvolution has no conv bias and the SiLU follows it):
+
+  u1, u2 = split(in_proj(u))            in_proj: d_model -> expand d_model, halves of
+  y = out_proj(silu(conv(u1)) * u2)     d_inner = expand d_model / 2; no "+ u" here
+Decode state: the conv's last base_conv_size - 1 inputs of u1.
 """
 from __future__ import annotations
 
+import jax.numpy as jnp
 from flax import nnx
 
 from models.config import ModelConfig
 from models.layers import ShortConv, dense, dtypes
 from models.mixers.base import Mixer
-from models.mixers.registry import BASE_CONV, register
+from models.mixers.registry import BASE_CONV, GATED_CONV, register
 
 
 @register(BASE_CONV)
@@ -57,4 +69,45 @@ class BaseConv(Mixer):
         multiply-add per token, so the 2-per-weight count (models.flops) is exact for
         both; the gate's product and the residual add are elementwise, which no mixer
         counts."""
+        return 0.0
+
+
+@register(GATED_CONV)
+class GatedConv(Mixer):
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        d = cfg.d_model
+        self.d_inner = cfg.gated_conv_expand * d // 2
+        self.in_proj = dense(cfg, d, 2 * self.d_inner, ("embed", "heads"), rngs=rngs,
+                             use_bias=True)
+        self.conv = ShortConv(cfg, self.d_inner, rngs=rngs, size=cfg.base_conv_size)
+        self.out_proj = dense(cfg, self.d_inner, d, ("heads", "embed"), rngs=rngs,
+                              use_bias=True)
+
+    def _mix(self, u, *, segment_ids, state):
+        u1, u2 = jnp.split(self.in_proj(u), 2, axis=-1)
+        u_conv, state = self.conv(u1, segment_ids=segment_ids, state=state)  # with SiLU
+        return self.out_proj(u_conv * u2), state
+
+    def __call__(self, x, *, segment_ids=None):
+        return self._mix(x, segment_ids=segment_ids, state=None)[0]
+
+    def init_state(self, batch: int, max_len: int = 0):
+        return {"conv": self.conv.init_state(batch, self.d_inner, dtypes(self.cfg)[0])}
+
+    def prefill(self, x, state):
+        y, conv = self._mix(x, segment_ids=None, state=state["conv"])
+        return y, {"conv": conv}
+
+    def step(self, x_t, state):
+        y, conv = self._mix(x_t[:, None], segment_ids=None, state=state["conv"])
+        return y[:, 0], {"conv": conv}
+
+    def state_size(self) -> int:
+        return (self.cfg.base_conv_size - 1) * self.cfg.gated_conv_expand * self.cfg.d_model // 2
+
+    @classmethod
+    def flops_per_token(cls, cfg: ModelConfig, seq_len: int) -> float:
+        """Nothing beyond its weights (see BaseConv.flops_per_token)."""
         return 0.0

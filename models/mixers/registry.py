@@ -19,6 +19,7 @@ DELTANET = "deltanet"
 LIGHTNING = "lightning"
 TAYLOR = "taylor"
 BASE_CONV = "base_conv"
+GATED_CONV = "gated_conv"
 
 MIXERS: dict[str, type] = {}
 

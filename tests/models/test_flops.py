@@ -31,6 +31,7 @@ def _hand_flops(name, cfg, t):
         "taylor": 4 * H * taylor * D,
         "based": 4 * H * taylor * D + 4 * w * H * D,
         "base_conv": 0,                   # its conv and projection are weights, counted there
+        "gated_conv": 0,
         "gated_deltanet": 4 * H * D * D,
         "deltanet": 4 * H * D * D,
         "lightning": 4 * H * D * D,

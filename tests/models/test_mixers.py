@@ -33,7 +33,7 @@ def inputs(cfg, batch=B, seq=T, seed=1):
 def test_registry_has_every_mixer():
     assert set(MIXERS) == {"softmax", "sliding_window", "linear", "performer", "hedgehog",
                            "taylor", "based", "gated_deltanet", "deltanet", "lightning",
-                           "base_conv"}
+                           "base_conv", "gated_conv"}
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -140,6 +140,7 @@ def _hand_state_size(name, cfg):
         "taylor": h * (taylor_f * d + taylor_f),
         "based": h * (taylor_f * d + taylor_f) + w * 2 * kv * d,
         "base_conv": (cfg.base_conv_size - 1) * cfg.d_model,  # the conv's last inputs
+        "gated_conv": (cfg.base_conv_size - 1) * cfg.gated_conv_expand * cfg.d_model // 2,
         "gated_deltanet": h * d * d + conv,
         "deltanet": h * d * d + conv,
         "lightning": h * d * d,

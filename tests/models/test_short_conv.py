@@ -90,20 +90,33 @@ def _move_off_init(module, seed=7):
     return module
 
 
-def test_base_conv_is_zoology_base_conv():
+def np_gated_conv(m, u):
+    """based/models/mixers/convolution.py BaseConv.forward (use_cuda=False):
+    u = self.in_proj(u); u1, u2 = torch.split(u, self.d_inner, dim=-1);
+    u_conv = silu(self.conv(u1)); return self.out_proj(u_conv * u2)."""
+    u = np.asarray(u, np.float64) @ reference.p(m.in_proj.kernel) + reference.p(m.in_proj.bias)
+    u1, u2 = u[..., :m.d_inner], u[..., m.d_inner:]
+    u_conv = reference.silu(np_causal_conv1d(u1, torch_weight(m.conv)))  # conv_bias=False
+    return (u_conv * u2) @ reference.p(m.out_proj.kernel) + reference.p(m.out_proj.bias)
+
+
+@pytest.mark.parametrize("name, ref", [("base_conv", np_base_conv),
+                                       ("gated_conv", np_gated_conv)])
+def test_conv_mixers_match_their_reference(name, ref):
+    """Zoology's BaseConv (base_conv) and the Based LM's BaseConv (gated_conv): the layer
+    against its float64 transcription, decode (prefill + steps) against the full call, and
+    a packed row's second document against that document alone."""
     cfg = tiny_config()
-    f = Functional(_move_off_init(get_mixer("base_conv")(cfg, rngs=nnx.Rngs(0))))
-    assert f.module.conv.size == 3 and f.module.conv.bias is not None
+    f = Functional(_move_off_init(get_mixer(name)(cfg, rngs=nnx.Rngs(0))))
+    assert f.module.conv.size == 3 and (f.module.conv.bias is not None) == (name == "base_conv")
     x = x_of((B, T, cfg.d_model), seed=4)
-    np.testing.assert_allclose(f(x), np_base_conv(f.module, x), rtol=2e-5, atol=2e-5)
-    # Decode (prefill + steps) and packed documents.
+    np.testing.assert_allclose(f(x), ref(f.module, x), rtol=2e-5, atol=2e-5)
     state = f.module.init_state(B, cfg.max_len)
     y0, state = f.method("prefill", x[:, :SPLIT], state)
     y1, _ = f.steps("step", state, x[:, SPLIT:])
     close(f(x), jnp.concatenate([y0, y1], axis=1))
     seg = jnp.array([[1] * 7 + [2] * (T - 7)] * B, jnp.int32)
-    packed = f(x, seg)
-    np.testing.assert_allclose(packed[:, 7:], np_base_conv(f.module, x[:, 7:]),
+    np.testing.assert_allclose(f(x, seg)[:, 7:], ref(f.module, x[:, 7:]),
                                rtol=2e-5, atol=2e-5)
 
 
