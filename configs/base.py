@@ -43,6 +43,10 @@ def get_config() -> ml_collections.ConfigDict:
         cache_dir=config_dict.placeholder(str),
         data_dir=config_dict.placeholder(str),
         eod=config_dict.placeholder(bool),
+        # MQAR (data/mqar.py): an integer, or a list such as [2, 4] (each row draws one);
+        # typed `object` so that the command line takes either.
+        num_kv_pairs=config_dict.placeholder(object),
+        random_non_queries=False,
     ))
 
     c.train = ml_collections.ConfigDict(dict(
@@ -57,6 +61,10 @@ def get_config() -> ml_collections.ConfigDict:
         log_every=10, eval_every=250, eval_batches=20,
         early_stop_patience=0,                          # stop after N evals, no new best
         checkpoint_every=500, keep_checkpoints=3, async_checkpoints=True,
+        keep_best=True,                                 # and the lowest-eval-loss step
+        # Resume with another seed, lr schedule or data setting (refused otherwise);
+        # the change is recorded in WORKDIR/config_history.jsonl.
+        allow_config_change=False,
         peak_flops=0.0,                                 # per device, for MFU; 0 = table
         # Random-number generator for dropout and init: "threefry2x32" (same bits on every
         # backend), or "unsafe_rbg" / "rbg" (the hardware generator: much faster dropout
@@ -69,6 +77,7 @@ def get_config() -> ml_collections.ConfigDict:
 
     c.logging = ml_collections.ConfigDict(dict(
         wandb="offline",            # offline | online | disabled; WANDB_MODE overrides
+                                    # offline and online, never disabled
         project="linmix", name="",
         progress=True,              # tqdm bar
     ))

@@ -6,19 +6,35 @@ a run killed mid-save leaves only a tmp directory, which `latest_step` never ret
 restore picks the previous complete step. The meta item holds the step, the data
 position (= step: the data order is a pure function of (seed, step)), the RNG seed and
 the config, so a checkpoint names the model it belongs to.
+
+Every checkpoint is verified when it is read: its meta holds a checksum per saved array
+(training.checksum), and a step that cannot be read (a file or folder missing, a file
+cut short, an empty step folder) or whose arrays do not match their checksums raises
+CheckpointDamaged naming its path; the loop then sets it aside (moved to
+WORKDIR/checkpoints_damaged/, nothing deleted) and resumes from the step before.
+Kept: the newest `keep` steps and, beside them, the step with the lowest eval loss
+(`best_step`), so neither early stopping nor a newer, worse step can delete it.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import pathlib
+import shutil
+import sys
 from typing import Any, Mapping
 
 import jax
 
 from models.config import ModelConfig
-from training import config_tools
+from training import checksum, config_tools
 
 CHECKPOINT_DIR = "checkpoints"
+# Steps that failed their checks are moved here, out of orbax's sight (it would list
+# them as steps), and kept for whoever wants to look at them.
+DAMAGED_DIR = "checkpoints_damaged"
+# The name load_for_eval (and the eval commands' --step) take for the kept best step.
+BEST = "best"
 # Model keys that change how a model is computed, not what it is: a run may resume with
 # other values (e.g. bfloat16 compute or remat to save memory). ModelConfig marks them.
 RUNTIME_MODEL_KEYS = ModelConfig.runtime_keys()
@@ -28,25 +44,70 @@ class CheckpointMismatch(ValueError):
     """A checkpoint written for another model (another mixer, width, depth...)."""
 
 
+class CheckpointDamaged(ValueError):
+    """A step that cannot be read back as it was written: `path`, and why (`reason`)."""
+
+    def __init__(self, step: int, path: pathlib.Path, reason: str):
+        super().__init__(f"checkpoint step {step} at {path} is damaged: {reason}")
+        self.step, self.path, self.reason = step, path, reason
+
+
+class CheckpointSaveFailed(RuntimeError):
+    """Writing a checkpoint failed (a full disk, a lost mount): the run must stop."""
+
+
+def _first_line(error: BaseException) -> str:
+    """An exception as one short line (tensorstore's messages run to many). The
+    innermost cause says what failed (a file too short, a missing key); the outer ones
+    wrap it in a dump of the array's spec."""
+    while error.__cause__ is not None:
+        error = error.__cause__
+    text = str(error).strip().splitlines()
+    line = text[0] if text else ""
+    return f"{type(error).__name__}: {line[:300]}"
+
+
 def _ocp():
     import orbax.checkpoint as ocp  # heavy import; only where checkpoints are touched
     return ocp
 
 
 class Checkpointer:
-    def __init__(self, workdir: str | os.PathLike, *, keep: int = 3, async_save: bool = True):
+    """Saves and restores steps under WORKDIR/checkpoints; every restore is verified.
+
+    keep: the newest steps kept (0: all); keep_best: also keep the step with the lowest
+    eval loss among those saved with one (`save(..., eval_loss=)`); read_only: for
+    readers (evaluation), which neither create the folder nor clean it up."""
+
+    def __init__(self, workdir: str | os.PathLike, *, keep: int = 3, async_save: bool = True,
+                 keep_best: bool = True, read_only: bool = False):
         ocp = _ocp()
         self.directory = pathlib.Path(workdir).resolve() / CHECKPOINT_DIR
+        policy = None
+        if keep and keep > 0:
+            pp = ocp.checkpoint_managers
+            policy = pp.LatestN(n=keep)
+            if keep_best:
+                # Orbax sorts by the metric and keeps the tail: reverse puts the lowest
+                # loss last. Steps without an eval are the newest-N policy's to keep.
+                policy = pp.AnyPreservationPolicy([policy, pp.BestN(
+                    get_metric_fn=lambda m: float(m["eval_loss"]), reverse=True, n=1,
+                    keep_checkpoints_without_metrics=False)])
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
-                max_to_keep=keep if keep and keep > 0 else None,
+                preservation_policy=policy,
                 enable_async_checkpointing=async_save,
-                cleanup_tmp_directories=True,  # leftovers of a save that was killed
-                create=True),
+                # Leftovers of a save that was killed; a reader (an evaluation while
+                # the run trains) must not take a save in flight for one.
+                cleanup_tmp_directories=not read_only,
+                create=not read_only),
             item_handlers={"params": ocp.StandardCheckpointHandler(),
                            "opt_state": ocp.StandardCheckpointHandler(),
                            "meta": ocp.JsonCheckpointHandler()})
+        self._saving: int | None = None  # the step of the save in flight, for messages
+        self._failed = False  # a save failure was raised once already
+        self._in_flight = False  # a save was begun and its end not yet collected
 
     # -- queries
     def latest_step(self) -> int | None:
@@ -55,24 +116,88 @@ class Checkpointer:
     def all_steps(self) -> list[int]:
         return list(self._manager.all_steps())
 
+    def step_path(self, step: int) -> pathlib.Path:
+        return self.directory / str(int(step))
+
     def meta(self, step: int) -> dict:
+        """The step's JSON record; CheckpointDamaged when it cannot be read."""
         ocp = _ocp()
-        return self._manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))[
-            "meta"]
+        try:
+            meta = self._manager.restore(
+                step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+        except Exception as e:
+            raise CheckpointDamaged(step, self.step_path(step),
+                                    f"its meta cannot be read ({_first_line(e)})") from e
+        if not isinstance(meta, dict):
+            raise CheckpointDamaged(step, self.step_path(step), "its meta is not a record")
+        return meta
 
     def param_shapes(self, step: int) -> dict[str, tuple]:
-        tree = self._manager.item_metadata(step)["params"]
-        tree = getattr(tree, "tree", tree)
-        return {name: tuple(m.shape) for name, m in tree.items()}
+        """{name: shape} as saved; CheckpointDamaged when the metadata cannot be read."""
+        try:
+            tree = self._manager.item_metadata(step)["params"]
+            tree = getattr(tree, "tree", tree)
+            return {name: tuple(m.shape) for name, m in tree.items()}
+        except Exception as e:
+            raise CheckpointDamaged(step, self.step_path(step),
+                                    f"its parameters cannot be listed ({_first_line(e)})"
+                                    ) from e
+
+    def best_step(self) -> int | None:
+        """The kept step with the lowest eval loss (None: no step was saved with one)."""
+        best = None
+        for step in self.all_steps():
+            try:
+                loss = self.meta(step).get("eval_loss")
+            except CheckpointDamaged:
+                continue
+            if loss is not None and (best is None or float(loss) < best[0]):
+                best = (float(loss), step)
+        return None if best is None else best[1]
 
     # -- save / restore
-    def save(self, step: int, params, opt_state, meta: Mapping[str, Any], *, force: bool = False):
+    def save(self, step: int, params, opt_state, meta: Mapping[str, Any], *,
+             force: bool = False, eval_loss: float | None = None):
+        """Writes the step (asynchronously if so opened), with a checksum per array in
+        its meta; `eval_loss` ranks it for the kept best."""
         ocp = _ocp()
-        return self._manager.save(
-            int(step), force=force,
-            args=ocp.args.Composite(params=ocp.args.StandardSave(params),
-                                    opt_state=ocp.args.StandardSave(opt_state),
-                                    meta=ocp.args.JsonSave(dict(meta))))
+        # The previous save is finished by now (orbax waits for it anyway): a failure
+        # there is reported under its own step before this one begins.
+        self.wait()
+        meta = dict(meta, checksums={**checksum.checksums(params, "params"),
+                                     **checksum.checksums(opt_state, "opt_state")})
+        if eval_loss is not None:
+            meta["eval_loss"] = float(eval_loss)
+        metrics = None if eval_loss is None else {"eval_loss": float(eval_loss)}
+        self._saving, self._in_flight = int(step), True
+        try:
+            return self._manager.save(
+                int(step), force=force, metrics=metrics,
+                args=ocp.args.Composite(params=ocp.args.StandardSave(params),
+                                        opt_state=ocp.args.StandardSave(opt_state),
+                                        meta=ocp.args.JsonSave(meta)))
+        except Exception as e:
+            raise self._save_failed(e) from e
+
+    def check_for_errors(self) -> None:
+        """Raises CheckpointSaveFailed if an asynchronous save has failed. Cheap: a save
+        still running is not waited for; one that has ended is collected once (orbax
+        reports a failed finalize only to whoever waits)."""
+        try:
+            self._manager.check_for_errors()
+            if self._in_flight and not self._manager.is_saving_in_progress():
+                self._manager.wait_until_finished()
+                self._in_flight = False
+        except Exception as e:
+            raise self._save_failed(e) from e
+
+    def _save_failed(self, error: BaseException) -> CheckpointSaveFailed:
+        self._failed = True
+        step = "" if self._saving is None else f" step {self._saving}"
+        return CheckpointSaveFailed(
+            f"saving checkpoint{step} to {self.directory} failed ({_first_line(error)}); "
+            f"is the disk full or the directory gone? Fix it and run the same command to "
+            f"resume from the newest complete step.")
 
     def check_compatible(self, step: int, shapes: Mapping[str, tuple],
                          model_section: Mapping[str, Any] | None = None) -> None:
@@ -123,28 +248,78 @@ class Checkpointer:
             " Resume with the config it was written with, or use a fresh --workdir.")
 
     def restore(self, step: int, abstract_params, abstract_opt_state=None):
-        """(params, opt_state or None, meta). Abstract trees carry the target shardings."""
+        """(params, opt_state or None, meta), checked against the saved checksums;
+        CheckpointDamaged if the step cannot be read or does not match them. Abstract
+        trees carry the target shardings."""
         ocp = _ocp()
-        items = dict(params=ocp.args.StandardRestore(abstract_params), meta=ocp.args.JsonRestore())
+        meta = self.meta(step)
+        items = dict(params=ocp.args.StandardRestore(abstract_params))
         if abstract_opt_state is not None:
             items["opt_state"] = ocp.args.StandardRestore(abstract_opt_state)
-        out = self._manager.restore(int(step), args=ocp.args.Composite(**items))
-        return out["params"], out.get("opt_state") if abstract_opt_state is not None else None, \
-            out["meta"]
+        try:
+            out = self._manager.restore(int(step), args=ocp.args.Composite(**items))
+        except Exception as e:
+            raise CheckpointDamaged(step, self.step_path(step),
+                                    f"its arrays cannot be read ({_first_line(e)})") from e
+        params = out["params"]
+        opt_state = out["opt_state"] if abstract_opt_state is not None else None
+        saved = meta.get("checksums")
+        if saved is not None:  # checkpoints from before checksums load unchecked
+            read = checksum.checksums(params, "params")
+            if opt_state is not None:
+                read.update(checksum.checksums(opt_state, "opt_state"))
+            else:
+                saved = {k: v for k, v in saved.items() if k.startswith("params")}
+            wrong = checksum.first_difference(saved, read)
+            if wrong is not None:
+                raise CheckpointDamaged(step, self.step_path(step),
+                                        f"{wrong} does not match its checksum")
+        return params, opt_state, meta
+
+    def set_aside(self, step: int) -> pathlib.Path:
+        """Moves a damaged step out of checkpoints/ (kept, never deleted); its new path."""
+        self.wait()
+        target_dir = self.directory.parent / DAMAGED_DIR
+        target, n = target_dir / str(int(step)), 1
+        while target.exists():  # the same step damaged twice: keep both
+            target, n = target_dir / f"{int(step)}.{n}", n + 1
+        if jax.process_index() == 0:  # one mover; the others wait for it below
+            target_dir.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(self.step_path(step)), str(target))
+        if jax.process_count() > 1:
+            from jax.experimental import multihost_utils
+            multihost_utils.sync_global_devices(f"set_aside_{int(step)}")
+        self._manager.reload()
+        return target
 
     def wait(self):
-        self._manager.wait_until_finished()
+        try:
+            self._manager.wait_until_finished()
+            self._in_flight = False
+        except Exception as e:
+            raise self._save_failed(e) from e
 
     def close(self):
-        self._manager.wait_until_finished()
-        self._manager.close()
+        """Waits for saves in flight, then closes. A save failure already reported is
+        not raised again here (it would hide the first report under a second)."""
+        try:
+            self.wait()
+        except CheckpointSaveFailed:
+            if not self._failed:
+                raise
+        finally:
+            with contextlib.suppress(Exception) if self._failed else contextlib.nullcontext():
+                self._manager.close()
 
 
-def load_for_eval(workdir: str | os.PathLike, step: int | None = None):
+def load_for_eval(workdir: str | os.PathLike, step: int | str | None = None):
     """Rebuilds a trained model from a workdir: (model, config, dataset, step).
 
     Reads WORKDIR/config.json, builds the dataset and model as training did, and restores
-    the parameters of the newest complete checkpoint (or `step`) onto one device.
+    the parameters onto one device: of `step`, of the kept best step (`step="best"`, the
+    lowest eval loss), or (None) of the newest step that passes its checks; a newer
+    damaged step is named on stderr, one line, and left where it is (an evaluation
+    changes nothing in the workdir).
     """
     from flax import nnx
 
@@ -159,18 +334,34 @@ def load_for_eval(workdir: str | os.PathLike, step: int | None = None):
     names = {model_state.path_name(p): p for p, _ in params_state.flat_state()}
     current = model_state.flat_params(params_state)
 
-    ckpt = Checkpointer(workdir, async_save=False)
+    if not (pathlib.Path(workdir) / CHECKPOINT_DIR).is_dir():
+        raise FileNotFoundError(f"no checkpoints in {workdir}: train first "
+                                f"(python train.py --config=... --workdir={workdir})")
+    ckpt = Checkpointer(workdir, async_save=False, read_only=True)
     try:
-        step = ckpt.latest_step() if step is None else step
-        if step is None:
+        if step == BEST:
+            step = ckpt.best_step()
+            if step is None:
+                raise FileNotFoundError(
+                    f"no checkpoint in {ckpt.directory} was saved with an eval loss, so "
+                    f"none is the best: train with train.eval_every > 0, or pass a step")
+        candidates = ckpt.all_steps()[::-1] if step is None else [int(step)]
+        if not candidates:
             raise FileNotFoundError(f"no complete checkpoint in {ckpt.directory}: train first "
                                     f"(python train.py --config=... --workdir={workdir})")
-        ckpt.check_compatible(step, {k: v.shape for k, v in current.items()},
-                              config.model.to_dict())
         device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         abstract = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=device)
                     for k, v in current.items()}
-        params, _, _ = ckpt.restore(step, abstract)
+        for i, step in enumerate(candidates):
+            try:
+                ckpt.check_compatible(step, {k: v.shape for k, v in current.items()},
+                                      config.model.to_dict())
+                params, _, _ = ckpt.restore(step, abstract)
+                break
+            except CheckpointDamaged as e:
+                if i + 1 == len(candidates):
+                    raise
+                print(f"{e}; using step {candidates[i + 1]}", file=sys.stderr, flush=True)
     finally:
         ckpt.close()
     nnx.update(model, nnx.State.from_flat_path(

@@ -8,6 +8,7 @@ anything expensive (data, model, devices) is built.
 from __future__ import annotations
 
 import ast
+import datetime
 import difflib
 import importlib.util
 import json
@@ -173,13 +174,76 @@ def overrides_from_argv(argv: Iterable[str],
 PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 
 
+# Keys that must be > 0, and >= 0, with what a wrong value would do (the reason a run
+# refuses it rather than going on).
+_POSITIVE = {
+    "train.steps": "",
+    "train.batch_size": "",
+    "train.log_every": " (log every N steps)",
+    "train.eval_batches": " (an evaluation over no batches would report a loss of 0)",
+}
+_NON_NEGATIVE = {
+    "train.lr": " (a negative rate climbs the loss)",
+    "train.checkpoint_every": " (0: only at the end)",
+    "train.eval_every": " (0: only at the end)",
+    "train.keep_checkpoints": " (0: keep every step)",
+    "train.warmup_steps": "",
+    "train.min_lr_ratio": "",
+    "train.weight_decay": "",
+    "train.grad_clip": " (0: no clipping)",
+    "train.early_stop_patience": " (0: never stop early)",
+}
+# Data sources whose held-out set is the tail of their text (data.val_fraction).
+_TEXT_SOURCES = ("files", "hf", "tfds")
+
+
+def _check_data(d) -> None:
+    import data as data_pkg  # the list of sources is the data package's
+
+    source = d.get("source")
+    if source not in data_pkg.SOURCES:
+        raise ConfigError(f"data.source={source!r}: use one of {', '.join(data_pkg.SOURCES)}")
+    vf = d.get("val_fraction")
+    if vf is not None:
+        if not 0.0 <= vf < 1.0:
+            raise ConfigError(f"data.val_fraction={vf}: must be in [0, 1)")
+        if vf == 0.0 and source in _TEXT_SOURCES and not d.get("val_split"):
+            raise ConfigError(
+                "data.val_fraction=0 holds no text out, and the run evaluates on held-out "
+                "text (every train.eval_every steps and at the end): use e.g. 0.1, or name "
+                "a held-out set with data.val_split")
+    kv = d.get("num_kv_pairs")
+    if kv is not None:
+        values = list(kv) if isinstance(kv, (list, tuple)) else [kv]
+        if not values or not all(isinstance(k, int) and not isinstance(k, bool) and k > 0
+                                 for k in values):
+            raise ConfigError(f"data.num_kv_pairs={kv!r}: use a positive integer or a list "
+                              f"of them, e.g. 4 or [2, 4]")
+    rnq = d.get("random_non_queries")
+    if rnq is not None and not isinstance(rnq, bool):
+        raise ConfigError(f"data.random_non_queries={rnq!r}: use true or false")
+
+
+def _check_mixer(m) -> None:
+    from models.mixers import MIXERS  # registered by importing the package
+
+    if m.get("mixer") not in MIXERS:
+        raise ConfigError(f"model.mixer={m.get('mixer')!r} is not a mixer; valid mixers: "
+                          f"{', '.join(sorted(MIXERS))}")
+
+
 def check_config(config) -> None:
     """Values that are well-typed but impossible; named with the key and a fix."""
     t = config.train
-    if t.steps <= 0:
-        raise ConfigError(f"train.steps={t.steps}: must be positive")
-    if t.batch_size <= 0:
-        raise ConfigError(f"train.batch_size={t.batch_size}: must be positive")
+    keys = flat_keys(config)
+    for key, why in _POSITIVE.items():
+        if key in keys and keys[key] is not None and keys[key] <= 0:
+            raise ConfigError(f"{key}={keys[key]}: must be positive{why}")
+    for key, why in _NON_NEGATIVE.items():
+        if key in keys and keys[key] is not None and keys[key] < 0:
+            raise ConfigError(f"{key}={keys[key]}: must be >= 0{why}")
+    _check_mixer(config.model)
+    _check_data(config.data)
     if t.grad_accum <= 0 or t.batch_size % t.grad_accum:
         raise ConfigError(f"train.batch_size={t.batch_size} must be a multiple of "
                           f"train.grad_accum={t.grad_accum}")
@@ -192,6 +256,51 @@ def check_config(config) -> None:
     if config.logging.wandb not in ("offline", "online", "disabled"):
         raise ConfigError(f"logging.wandb={config.logging.wandb!r}: use offline, online or "
                           f"disabled")
+
+
+# ----------------------------------------------------------------------------- resume
+# What a resumed run may not change without saying so: the keys that decide the losses
+# from here on (the data order and content, the random streams, the lr schedule). The
+# run's other keys (logging, intervals, precision, the mesh) are free to change; model
+# keys are the checkpoint's to check (training.checkpoint.check_compatible).
+RESUME_KEYS = ("train.seed", "train.prng_impl", "train.lr", "train.min_lr_ratio",
+               "train.warmup_steps", "train.steps", "train.batch_size")
+RESUME_SECTIONS = ("data.",)
+CONFIG_HISTORY = "config_history.jsonl"
+
+
+def resume_changes(saved: Mapping | None, config) -> dict[str, tuple]:
+    """{key: (saved value, new value)} for the guarded keys that differ. Keys the saved
+    config lacks (added to the code since) are not changes."""
+    if not saved:
+        return {}
+    old, new = flat_keys(saved), flat_keys(to_plain(config))
+    return {k: (old[k], new[k]) for k in sorted(set(old) & set(new))
+            if (k in RESUME_KEYS or k.startswith(RESUME_SECTIONS)) and old[k] != new[k]}
+
+
+def check_resume(saved: Mapping | None, config, workdir: str | os.PathLike, step: int, *,
+                 record: bool = True) -> None:
+    """Refuses (ConfigError) to resume `step` with guarded keys changed, unless
+    train.allow_config_change; then each change is appended to WORKDIR/
+    config_history.jsonl (config.json then holds the new values; the history, the old)."""
+    changes = resume_changes(saved, config)
+    if not changes:
+        return
+    listed = ", ".join(f"{k} {o!r} -> {n!r}" for k, (o, n) in changes.items())
+    if not config.train.get("allow_config_change", False):
+        raise ConfigError(
+            f"resuming step {step} in {workdir} with changed settings: {listed}; from here "
+            f"on the run would compute other losses than the one it continues. Resume "
+            f"with the values it was started with, use a fresh --workdir, or pass "
+            f"--config.train.allow_config_change=True to go on with the new ones "
+            f"(recorded in {CONFIG_HISTORY})")
+    if record:
+        entry = {"step": int(step),
+                 "time": datetime.datetime.now().isoformat(timespec="seconds"),
+                 "changes": {k: {"old": o, "new": n} for k, (o, n) in changes.items()}}
+        with open(pathlib.Path(workdir) / CONFIG_HISTORY, "a") as f:
+            f.write(json.dumps(entry) + "\n")
 
 
 # ----------------------------------------------------------------------------- workdir

@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from training import (builders, checkpoint, config_tools, flops, metrics, model_state,
-                      runtime)
+                      runtime, workdir_lock)
 from training import sharding as shd
 
 
@@ -45,11 +45,16 @@ class Interrupted(Exception):
 
 
 def train(config, workdir: str) -> dict[str, Any]:
-    """Trains (or resumes) the run in `workdir`; returns the final eval metrics."""
+    """Trains (or resumes) the run in `workdir`; returns the final eval metrics (and
+    `best_step`, the kept checkpoint with the lowest eval loss)."""
     config_tools.check_config(config)
     # Every key of the run (init, dropout) comes from this generator; scoped to the run.
     with jax.default_prng_impl(config.train.get("prng_impl", "threefry2x32")):
-        return _train(config, workdir)
+        try:
+            return _train(config, workdir)
+        except (checkpoint.CheckpointSaveFailed, workdir_lock.WorkdirLocked) as e:
+            # One line for train.py, which reports TrainingError; nothing is retried.
+            raise TrainingError(str(e)) from e
 
 
 def _train(config, workdir: str) -> dict[str, Any]:
@@ -63,16 +68,23 @@ def _train(config, workdir: str) -> dict[str, Any]:
     # Everything opened below is closed on the way out, whatever stops the run; closing
     # the checkpointer waits for an async save in flight.
     with contextlib.ExitStack() as opened:
+        if is_main:  # before anything is written: a second run on the workdir stops here
+            opened.enter_context(workdir_lock.held(workdir))
+        keep_best = bool(t_cfg.get("keep_best", True))
         ckpt = opened.enter_context(contextlib.closing(checkpoint.Checkpointer(
-            workdir, keep=t_cfg.keep_checkpoints, async_save=t_cfg.async_checkpoints)))
-        start = ckpt.latest_step()
-        restored = start is not None
-        if restored:  # a checkpoint of another model stops here, before the workdir changes
-            ckpt.check_compatible(start, model.shapes, config.model.to_dict())
+            workdir, keep=t_cfg.keep_checkpoints, async_save=t_cfg.async_checkpoints,
+            keep_best=keep_best)))
+        patience = int(t_cfg.get("early_stop_patience", 0) or 0)
+        # A checkpoint of another model, or a resume with changed settings, stops here,
+        # before config.json or metrics.jsonl change.
+        state, rest, meta = _restore_or_init(ckpt, model, layout, patience,
+                                             config.model.to_dict(), is_main)
+        restored = meta is not None
+        if restored:
+            config_tools.check_resume(meta.get("config"), config, workdir, state.step,
+                                      record=is_main)
         if is_main:
             config_tools.save_config(config, workdir)
-        patience = int(t_cfg.get("early_stop_patience", 0) or 0)
-        state, rest = _restore_or_init(ckpt, start, model, layout, patience)
         start = state.step
         steps = runtime.compile_steps(model, rest, layout, t_cfg, mesh, dataset.packed)
 
@@ -82,19 +94,21 @@ def _train(config, workdir: str) -> dict[str, Any]:
                             is_main)
         stop = opened.enter_context(_signals_caught())
 
-        saver = _Saver(ckpt, config, last_saved=start if restored else None)
+        saver = _Saver(ckpt, config, last_saved=start if restored else None,
+                       keep_best=keep_best)
         step_log = _StepLog(sinks, _Speed(config, model_cfg, n_params, start),
                             model.schedule, saver)
         end_step = start if state.early.stopped else t_cfg.steps
         _run_steps(state, end_step, t_cfg, steps, feed, saver, step_log, sinks, stop)
 
         step_log.flush(log_now=True)
-        saver.save(state)
         # A finished run started again only re-reports: its final eval is already logged.
         result = _evaluate(steps.eval, state.params, feed, state.step)
+        saver.save(state, eval_loss=result["eval_loss"])  # ranked for the kept best
         if state.step > start or not restored:
             sinks.record(result)
         saver.wait()
+        result["best_step"] = ckpt.best_step() if keep_best else None
     result["num_params"] = n_params
     result["step"] = state.step
     return result
@@ -164,21 +178,47 @@ class _State:
     early: _EarlyStop
 
 
-def _restore_or_init(ckpt, step: int | None, model: runtime.Model, layout: runtime.Layout,
-                     patience: int) -> tuple[_State, Any]:
-    """(the state to start from, the model's non-parameter state). The model is always
-    initialised: its RNG streams are not in the checkpoint (each step re-keys them)."""
-    if step is None:
+def _restore_or_init(ckpt, model: runtime.Model, layout: runtime.Layout, patience: int,
+                     model_section: dict, is_main: bool) -> tuple[_State, Any, dict | None]:
+    """(the state to start from, the model's non-parameter state, the restored step's
+    meta or None for a fresh start). The model is always initialised: its RNG streams
+    are not in the checkpoint (each step re-keys them).
+
+    The newest step that passes its checks is restored; newer damaged ones are named
+    (one line each) and set aside once a good one is found, so that the run's next
+    saves do not meet them. A checkpoint of another model is not damage: it stops the
+    run (CheckpointMismatch). If every step is damaged, nothing is moved and the run
+    stops, since starting fresh would throw the workdir's history away."""
+    candidates = ckpt.all_steps()[::-1]
+    if not candidates:
         params, opt_state, rest = runtime.init_fresh(model, layout)
-        return _State(params, opt_state, 0, _EarlyStop(patience)), rest
+        return _State(params, opt_state, 0, _EarlyStop(patience)), rest, None
     params, rest = model_state.init_sharded(model.make, layout.params, layout.replicated)
     del params  # freed before the checkpoint's arrays take their place
-    params, opt_state, meta = ckpt.restore(step, _placed(model.params, layout.params),
-                                           _placed(model.opt_state, layout.opt_state))
-    if int(meta.get("data_position", step)) != step:
-        raise TrainingError(f"checkpoint {step} has data position {meta['data_position']}")
-    early = _EarlyStop(patience, meta.get("early_stop"))
-    return _State(params, opt_state, step, early), rest
+    damaged = []
+    for step in candidates:
+        try:
+            ckpt.check_compatible(step, model.shapes, model_section)
+            params, opt_state, meta = ckpt.restore(
+                step, _placed(model.params, layout.params),
+                _placed(model.opt_state, layout.opt_state))
+        except checkpoint.CheckpointDamaged as e:
+            damaged.append(e)
+            continue
+        for e in damaged:
+            moved = ckpt.set_aside(e.step)
+            if is_main:
+                print(f"{e}; moved to {moved}; resuming from step {step}", file=sys.stderr,
+                      flush=True)
+        if int(meta.get("data_position", step)) != step:
+            raise TrainingError(f"checkpoint {step} has data position {meta['data_position']}")
+        early = _EarlyStop(patience, meta.get("early_stop"))
+        return _State(params, opt_state, step, early), rest, meta
+    raise TrainingError(
+        f"no checkpoint in {ckpt.directory} can be read: "
+        + "; ".join(f"step {e.step}: {e.reason}" for e in damaged)
+        + ". Nothing was changed; move the damaged steps away to start fresh, or use "
+          "another --workdir.")
 
 
 def _placed(abstract, shardings):
@@ -293,12 +333,15 @@ class _StepLog:
 
 # ----------------------------------------------------------------------------------- saving
 class _Saver:
-    """Writes a checkpoint at most once per step, and names the newest for messages."""
+    """Writes a checkpoint at most once per step, and names the newest for messages.
+    A step saved with its eval loss competes for the kept best (keep_best)."""
 
-    def __init__(self, ckpt: checkpoint.Checkpointer, config, last_saved: int | None):
+    def __init__(self, ckpt: checkpoint.Checkpointer, config, last_saved: int | None,
+                 keep_best: bool = True):
         self.ckpt, self.config, self.last_saved = ckpt, config, last_saved
+        self.keep_best = keep_best
 
-    def save(self, state: _State) -> None:
+    def save(self, state: _State, eval_loss: float | None = None) -> None:
         if self.last_saved == state.step:
             return
         seed = int(self.config.train.seed)
@@ -306,17 +349,31 @@ class _Saver:
                 "early_stop": state.early.saved(),
                 "rng": f"jax.random.fold_in(key({seed}), step)",
                 "config": config_tools.to_plain(self.config)}
-        self.ckpt.save(state.step, state.params, state.opt_state, meta, force=True)
+        self.ckpt.save(state.step, state.params, state.opt_state, meta, force=True,
+                       eval_loss=eval_loss if self.keep_best else None)
         self.last_saved = state.step
+
+    def check(self) -> None:
+        """Raises CheckpointSaveFailed as soon as a save in flight has failed."""
+        self.ckpt.check_for_errors()
 
     def wait(self) -> None:
         """Until every save in flight is written."""
         self.ckpt.wait()
 
     def last_good(self) -> str:
-        if self.last_saved is None:
+        """Names the newest step that is written and checked: saves come only from
+        steps checked finite, a resumed step passed its checksums, and a save still in
+        flight is waited for (one that failed is not named)."""
+        try:
+            self.ckpt.wait()
+        except checkpoint.CheckpointSaveFailed:
+            pass
+        on_disk = [s for s in self.ckpt.all_steps()
+                   if self.last_saved is not None and s <= self.last_saved]
+        if not on_disk:
             return "no checkpoint was written"
-        return (f"the last good checkpoint is step {self.last_saved} in "
+        return (f"the last good checkpoint is step {max(on_disk)} in "
                 f"{self.ckpt.directory}")
 
 
@@ -372,7 +429,9 @@ def _run_steps(state: _State, end_step: int, t_cfg, steps: runtime.Steps, feed: 
         log_now = step % t_cfg.log_every == 0
         eval_now = (bool(t_cfg.eval_every) and step % t_cfg.eval_every == 0
                     and step < t_cfg.steps)
-        save_now = bool(t_cfg.checkpoint_every) and step % t_cfg.checkpoint_every == 0
+        # The last step is saved after the loop, with its final eval (for the kept best).
+        save_now = (bool(t_cfg.checkpoint_every) and step % t_cfg.checkpoint_every == 0
+                    and step < t_cfg.steps)
         if s == start:
             # The first step includes compilation: a fresh run logs it, and the speed is
             # timed from its end.
@@ -380,11 +439,16 @@ def _run_steps(state: _State, end_step: int, t_cfg, steps: runtime.Steps, feed: 
             step_log.restart_clock(step)
         elif log_now or eval_now or save_now or signum is not None:
             step_log.flush(log_now=log_now)
-        stopping_early = False
+        saver.check()  # a failed asynchronous save stops the run at the next step
+        stopping_early, eval_loss = False, None
         if eval_now:
-            stopping_early = _evaluate_for_early_stop(state, steps, feed, sinks)
-        if save_now or stopping_early:
-            saver.save(state)  # after the early stop is counted: the checkpoint records it
+            stopping_early, eval_loss = _evaluate_for_early_stop(state, steps, feed, sinks)
+        # A new best eval is saved even off the checkpoint interval: the kept best is
+        # then the best evaluated model, not the best among the interval's steps.
+        new_best = eval_now and state.early.since_best == 0 and saver.keep_best
+        if save_now or stopping_early or new_best:
+            # After the early stop is counted: the checkpoint records it.
+            saver.save(state, eval_loss=eval_loss)
         if signum is not None:
             saver.save(state)
             saver.wait()
@@ -394,14 +458,15 @@ def _run_steps(state: _State, end_step: int, t_cfg, steps: runtime.Steps, feed: 
 
 
 def _evaluate_for_early_stop(state: _State, steps: runtime.Steps, feed: _Feed,
-                             sinks: metrics.Sinks) -> bool:
-    """Evaluates and records it; True when early stopping ends the run here."""
+                             sinks: metrics.Sinks) -> tuple[bool, float]:
+    """Evaluates and records it; (True when early stopping ends the run here, the eval
+    loss)."""
     entry = _evaluate(steps.eval, state.params, feed, state.step)
     sinks.record(entry)
     sinks.progress.write(f"step {state.step}: eval_loss {entry['eval_loss']:.4f}, "
                          f"eval_accuracy {entry['eval_accuracy']:.4f}")
     if not state.early.update(entry["eval_loss"]):
-        return False
+        return False, entry["eval_loss"]
     sinks.progress.write(f"step {state.step}: no new best eval_loss in {state.early.limit} "
                          f"evaluations (best {state.early.best:.4f}); stopping early")
-    return True
+    return True, entry["eval_loss"]

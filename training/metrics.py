@@ -80,7 +80,11 @@ class MetricsFile:
 
 
 def wandb_mode(configured: str) -> str:
-    """WANDB_MODE in the environment wins over logging.wandb."""
+    """WANDB_MODE in the environment wins over logging.wandb, except over an explicit
+    logging.wandb=disabled: a run told to log nowhere must not go online (and upload its
+    config) because of a variable left in the shell."""
+    if (configured or "").lower() == "disabled":
+        return "disabled"
     mode = os.environ.get("WANDB_MODE", configured or "offline").lower()
     return {"dryrun": "offline", "run": "online"}.get(mode, mode)
 
