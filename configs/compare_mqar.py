@@ -3,6 +3,7 @@
     python -m sweeps.run --config=configs/compare_mqar.py --workdir=runs/compare_mqar
     python -m sweeps.run --config=configs/compare_mqar.py:reduced ...  # a few GPU runs
     python -m sweeps.run --config=configs/compare_mqar.py:tiny ...     # CPU check
+    python -m sweeps.run --config=configs/compare_mqar.py:zoology ...  # base_conv + mixer
 
 (seq len, kv pairs) in {(64,4), (128,8), (256,16), (512,64)}, d_model in {64,128,256},
 2 layers without MLP, lr swept over logspace(-4,-2,4) (HazyResearch/zoology). Tables show
@@ -82,6 +83,21 @@ def get_config(arg: str = ""):
         c.lrs = [3e-3, 1e-3, 4.6e-4]
         c.overrides.train.update({"steps": 2000, "batch_size": 128, "precision": "bfloat16",
                                   "b2": 0.99, "eval_every": 1000, "checkpoint_every": 1000})
+    elif arg == "zoology":  # issue 17's check: Zoology's layout, Hybrid([BaseConv, mixer])
+        # (configs/mqar_zoology.py: layer 0 base_conv, layer 1 the mixer), at (256, 16),
+        # d128, lr 1e-3 / 3e-3 / 1e-2, 3 seeds, as the h200 variant trains. Zoology's
+        # additive GLA with BaseConv reaches about 0.77 there; the floor is 1/16.
+        c.title = "MQAR (256, 16), Zoology layout (base_conv, mixer): accuracy at the best lr"
+        c.base_config = "configs/mqar_zoology.py"
+        c.settings = [_setting(256, 16)]
+        c.mixers = [_mixer(m) for m in (mixers.LINEAR, mixers.HEDGEHOG, mixers.PERFORMER,
+                                        mixers.LIGHTNING, mixers.TAYLOR, mixers.SOFTMAX,
+                                        mixers.GATED_DELTANET)]
+        c.sizes = [_width(128)]
+        c.lrs = [1e-3, 3e-3, 1e-2]
+        c.seeds = [0, 1, 2]
+        c.overrides.train.update({"steps": 2000, "batch_size": 128, "precision": "bfloat16",
+                                  "b2": 0.99, "eval_every": 1000, "checkpoint_every": 1000})
     elif arg == "tiny":  # CPU check of the sweep machinery: seconds per run
         c.settings = [{"name": "T32_kv2",
                        "overrides": {"data.seq_len": 32, "data.num_kv_pairs": 2}}]
@@ -97,5 +113,5 @@ def get_config(arg: str = ""):
         c.train_timeout_s = 600
     elif arg:
         raise ValueError(f"compare_mqar: unknown variant {arg!r}; use '', 'reduced', "
-                         "'h200' or 'tiny'")
+                         "'h200', 'zoology' or 'tiny'")
     return c

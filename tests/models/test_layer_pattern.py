@@ -132,3 +132,14 @@ def test_mqar_zoology_is_hybrid_base_conv_then_mixer():
     assert cfg.layer_mixers() == ["base_conv", "softmax"] and not cfg.mlp
     swept = ModelConfig.from_dict({**cfg.to_dict(), "mixer": "hedgehog", "num_layers": 4})
     assert swept.layer_mixers() == ["base_conv", "hedgehog"] * 2
+
+
+def test_compare_mqar_zoology_sweeps_the_zoology_layout():
+    from sweeps import grid
+    from tests.eval.conftest import load_compare_config
+    c = load_compare_config("compare_mqar", "zoology")
+    assert c["base_config"] == "configs/mqar_zoology.py"
+    runs = grid.expand_grid(c)
+    assert len(runs) == 7 * 3 * 3  # mixers x lrs x seeds, at (256, 16) and d128
+    assert {r["overrides"]["model.mixer"] for r in runs} >= {
+        "linear", "hedgehog", "performer", "lightning"}
