@@ -63,7 +63,7 @@ OLD_SAVED = {
 
 
 def _param_shapes(cfg):
-    model = LanguageModel(cfg, rngs=nnx.Rngs(0))
+    model = nnx.eval_shape(lambda: LanguageModel(cfg, rngs=nnx.Rngs(0)))
     return {"/".join(map(str, p)): v.shape
             for p, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
 

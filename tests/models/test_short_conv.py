@@ -12,7 +12,7 @@ from flax import nnx
 from models import get_mixer
 from models.layers import ShortConv
 from tests.models import reference
-from tests.models.helpers import Functional, close, tiny_config
+from tests.models.helpers import close, tiny_config
 
 B, T, SPLIT = 2, 20, 12
 
@@ -43,6 +43,18 @@ def x_of(shape, seed=1):
     return jax.random.normal(jax.random.key(seed), shape)
 
 
+def _conv_outputs(conv, x, seg):
+    """The conv's full call, packed call and prefill + per-token decode, in one program."""
+    y, state = conv(x)
+    packed, _ = conv(x, segment_ids=seg)
+    y0, s = conv(x[:, :SPLIT])
+    ys = [y0]
+    for t in range(SPLIT, T):
+        y_t, s = conv(x[:, t:t + 1], state=s)
+        ys.append(y_t)
+    return y, state, packed, jnp.concatenate(ys, axis=1)
+
+
 def test_short_conv_is_fla_short_convolution():
     """fla's ShortConvolution(activation='silu', bias=False): silu(causal conv(x)); with
     the packed rows of cu_seqlens each document convolved alone; and decode from the
@@ -50,27 +62,18 @@ def test_short_conv_is_fla_short_convolution():
     cfg = tiny_config(conv_size=4)
     conv = ShortConv(cfg, 6, rngs=nnx.Rngs(0))
     x = x_of((B, T, 6))
-    y, state = conv(x)
+    cuts = [7, 12]  # packed: documents of 7 + 13 (row 0) and 12 + 8 (row 1) tokens
+    seg = jnp.array([[1] * c + [2] * (T - c) for c in cuts], jnp.int32)
+    y, state, packed, decoded = run_fast(_conv_outputs, conv, x, seg)
     ref = reference.silu(np_causal_conv1d(np.asarray(x, np.float64), torch_weight(conv)))
     np.testing.assert_allclose(y, ref, rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(state, x[:, -3:])  # the last conv_size - 1 inputs
-    # Packed: documents of 7 + 13 (row 0) and 12 + 8 (row 1) tokens.
-    cuts = [7, 12]
-    seg = jnp.array([[1] * c + [2] * (T - c) for c in cuts], jnp.int32)
-    packed, _ = conv(x, segment_ids=seg)
     for i, c in enumerate(cuts):
-        for doc in (x[i:i + 1, :c], x[i:i + 1, c:]):
-            alone = reference.silu(np_causal_conv1d(np.asarray(doc, np.float64),
+        for lo, hi in ((0, c), (c, T)):
+            alone = reference.silu(np_causal_conv1d(np.asarray(x[i:i + 1, lo:hi], np.float64),
                                                     torch_weight(conv)))
-            got = packed[i:i + 1, :c] if doc.shape[1] == c else packed[i:i + 1, c:]
-            np.testing.assert_allclose(got, alone, rtol=1e-5, atol=1e-6)
-    # Decode: prefill 12 tokens, then one token at a time from the carried state.
-    y0, s = conv(x[:, :SPLIT])
-    ys = [y0]
-    for t in range(SPLIT, T):
-        y_t, s = conv(x[:, t:t + 1], state=s)
-        ys.append(y_t)
-    close(y, jnp.concatenate(ys, axis=1), tol=1e-6)
+            np.testing.assert_allclose(packed[i:i + 1, lo:hi], alone, rtol=1e-5, atol=1e-6)
+    close(y, decoded, tol=1e-6)
 
 
 def np_base_conv(m, u):
@@ -107,17 +110,29 @@ def test_conv_mixers_match_their_reference(name, ref):
     against its float64 transcription, decode (prefill + steps) against the full call, and
     a packed row's second document against that document alone."""
     cfg = tiny_config()
-    f = Functional(_move_off_init(get_mixer(name)(cfg, rngs=nnx.Rngs(0))))
-    assert f.module.conv.size == 3 and (f.module.conv.bias is not None) == (name == "base_conv")
+    m = _move_off_init(get_mixer(name)(cfg, rngs=nnx.Rngs(0)))
+    assert m.conv.size == 3 and (m.conv.bias is not None) == (name == "base_conv")
     x = x_of((B, T, cfg.d_model), seed=4)
-    np.testing.assert_allclose(f(x), ref(f.module, x), rtol=2e-5, atol=2e-5)
-    state = f.module.init_state(B, cfg.max_len)
-    y0, state = f.method("prefill", x[:, :SPLIT], state)
-    y1, _ = f.steps("step", state, x[:, SPLIT:])
-    close(f(x), jnp.concatenate([y0, y1], axis=1))
     seg = jnp.array([[1] * 7 + [2] * (T - 7)] * B, jnp.int32)
-    np.testing.assert_allclose(f(x, seg)[:, 7:], ref(f.module, x[:, 7:]),
-                               rtol=2e-5, atol=2e-5)
+    full, decoded, packed = run_fast(_mixer_outputs, m, x, seg)
+    np.testing.assert_allclose(full, ref(m, x), rtol=2e-5, atol=2e-5)
+    close(full, decoded)
+    np.testing.assert_allclose(packed[:, 7:], ref(m, x[:, 7:]), rtol=2e-5, atol=2e-5)
+
+
+def _decode(m, x):
+    """Prefill SPLIT tokens, then one step per token: the outputs, (B, T, d_model)."""
+    y0, state = m.prefill(x[:, :SPLIT], m.init_state(x.shape[0]))
+
+    def body(c, x_t):
+        y, c = m.step(x_t, c)
+        return c, y
+    _, y1 = jax.lax.scan(body, state, jnp.swapaxes(x[:, SPLIT:], 0, 1))
+    return jnp.concatenate([y0, jnp.swapaxes(y1, 0, 1)], axis=1)
+
+
+def _mixer_outputs(m, x, seg):
+    return m(x), _decode(m, x), m(x, segment_ids=seg)
 
 
 def _build(name, **overrides):
@@ -128,18 +143,24 @@ def _build(name, **overrides):
 CUTS = (7, 12)  # row 0 packs documents of 7 + 13 tokens, row 1 of 12 + 8
 
 
+def run_fast(fn, modules, *args):
+    """fn(modules, *args) jitted with XLA's backend optimisation off: the same float32
+    arithmetic (no fast-math either way), compiled in half the time, which is most of
+    these tests' time on a CPU."""
+    graphdef, state = nnx.split(modules)
+
+    def pure(state, *args):
+        return fn(nnx.merge(graphdef, state), *args)
+    lowered = jax.jit(pure).lower(state, *args)
+    return lowered.compile({"xla_backend_optimization_level": 0})(state, *args)
+
+
 def _every_form(modules, x, seg, alone_x):
     """One traced program (one compile) with every output the test compares: the full
     call in each impl, prefill + per-token steps, the packed rows, the documents alone."""
     chunk = modules["chunk"]
     out = {impl: m(x) for impl, m in modules.items()}
-    y0, state = chunk.prefill(x[:, :SPLIT], chunk.init_state(B))
-
-    def body(c, x_t):
-        y, c = chunk.step(x_t, c)
-        return c, y
-    _, y1 = jax.lax.scan(body, state, jnp.swapaxes(x[:, SPLIT:], 0, 1))
-    out["decode"] = jnp.concatenate([y0, jnp.swapaxes(y1, 0, 1)], axis=1)
+    out["decode"] = _decode(chunk, x)
     out["packed"] = chunk(x, segment_ids=seg)
     out["alone"] = chunk(alone_x)
     return out
@@ -163,7 +184,7 @@ def test_short_conv_forms_decode_and_packing_agree(name):
     seg = jnp.array([[1] * c + [2] * (T - c) for c in CUTS], jnp.int32)
     alone_x = jnp.stack([jnp.concatenate([x[i, c:], jnp.zeros_like(x[i, :c])])
                          for i, c in enumerate(CUTS)])
-    out = nnx.jit(_every_form)(modules, x, seg, alone_x)
+    out = run_fast(_every_form, modules, x, seg, alone_x)
     full = out["chunk"]
     close(out["parallel"], out["recurrent"])
     close(out["parallel"], full)
@@ -179,7 +200,6 @@ def test_short_conv_linear_layer_matches_float64_reference():
     """The whole `linear` layer with short_conv: q, k, v = silu(conv(x W)) (fla's order:
     conv before the feature map), then elu+1 normalised linear attention."""
     cfg, module = _build("linear")
-    f = Functional(module)
     x = x_of((B, T, cfg.d_model), seed=4)
     h = cfg.num_heads
 
@@ -201,7 +221,8 @@ def test_short_conv_linear_layer_matches_float64_reference():
             num = np.einsum("hf,hfd->hd", qf[t], S)
             rows.append((num / (np.einsum("hf,hf->h", qf[t], z)[:, None] + 1e-6)).reshape(-1))
         out.append(np.stack(rows) @ reference.p(module.o_proj.kernel))
-    np.testing.assert_allclose(f(x), np.stack(out), rtol=2e-4, atol=2e-5)
+    np.testing.assert_allclose(run_fast(lambda m, x: m(x), module, x), np.stack(out),
+                               rtol=2e-4, atol=2e-5)
 
 
 def test_flops_count_the_convs_through_their_weights():
@@ -210,12 +231,13 @@ def test_flops_count_the_convs_through_their_weights():
     weights and nothing more."""
     from models import LanguageModel, ModelConfig
     small = dict(vocab_size=50, d_model=32, num_heads=2, num_layers=2, mixer="linear")
-    off = LanguageModel(ModelConfig(**small), rngs=nnx.Rngs(0))
-    on = LanguageModel(ModelConfig(**small, short_conv=True), rngs=nnx.Rngs(0))
+    def build(**kw):  # shapes only: FLOPs need the parameter count, not the values
+        return nnx.eval_shape(lambda: LanguageModel(ModelConfig(**small, **kw),
+                                                    rngs=nnx.Rngs(0)))
+    off, on = build(), build(short_conv=True)
     conv_weights = 2 * 3 * 4 * 32  # layers x (q, k, v) x conv_size taps x channels
     assert on.flops_per_token(64) - off.flops_per_token(64) == 2 * conv_weights
-    hybrid = LanguageModel(ModelConfig(**small, layer_pattern="base_conv,linear"),
-                           rngs=nnx.Rngs(0))
+    hybrid = build(layer_pattern="base_conv,linear")
     n = sum(p.size for p in jax.tree.leaves(nnx.state(hybrid, nnx.Param)))
     linear_mixing = get_mixer("linear").flops_per_token(hybrid.cfg, 64)
     assert hybrid.flops_per_token(64) == 2 * n + linear_mixing
