@@ -1,8 +1,10 @@
 """LanguageModel: embed -> pre-norm blocks (mixer + optional SwiGLU MLP) -> norm -> head.
 
 Layer i's mixer is cfg.mixer, or softmax on the hybrid's S layers (ModelConfig.
-layer_mixers). Decoding: `init_cache`, then `prefill` of a prompt and/or `decode_step`
-per token; a cache is {"pos": int32 scalar, "layers": [one mixer state per layer]}.
+layer_mixers). With cfg.scan_layers the repeating group of layers is held stacked and run
+under one lax.scan (models.layer_stack); otherwise the blocks are a list, unrolled.
+Decoding: `init_cache`, then `prefill` of a prompt and/or `decode_step` per token; a
+cache is {"pos": int32 scalar, "layers": [one mixer state per layer]} in both layouts.
 """
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models import flops
+from models import flops, layer_stack
 from models.config import ModelConfig
 from models.layers import SwiGLU, dense, dtypes, meta, rms_norm
 from models.mixers import get_mixer
@@ -50,10 +52,21 @@ class Block(nnx.Module):
         return self._mlp(x_t + h.astype(x_t.dtype), True), state
 
 
-def _remat_block(block: Block, x, segment_ids, deterministic: bool):
+def checkpoint_policy(name: str):
+    """The jax.checkpoint policy of a ModelConfig.remat_policy other than "none".
+    "save_dots" keeps matmuls without batch dimensions (the projections and the MLP,
+    whose weights have none) and recomputes the elementwise work and the attention /
+    chunk einsums, whose (B, H, ...) outputs are the memory remat exists to save."""
+    return {"full": None,
+            "save_dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+            "save_all_dots": jax.checkpoint_policies.dots_saveable}[name]
+
+
+def _remat_block(block: Block, x, segment_ids, deterministic: bool, policy: str):
     """block(x) under jax.checkpoint: the backward pass recomputes the block's inside
-    instead of storing it. Written functionally (split, checkpoint a pure function, write
-    back the state) so the dropout RNG counters advance exactly as without remat."""
+    (all of it, or what `policy` does not save) instead of storing it. Written
+    functionally (split, checkpoint a pure function, write back the state) so the
+    dropout RNG counters advance exactly as without remat."""
     graphdef, state = nnx.split(block)
 
     def run(state, x, segment_ids):
@@ -61,9 +74,33 @@ def _remat_block(block: Block, x, segment_ids, deterministic: bool):
         y = blk(x, segment_ids=segment_ids, deterministic=deterministic)
         return y, nnx.state(blk)
 
-    y, new_state = jax.checkpoint(run)(state, x, segment_ids)
+    y, new_state = jax.checkpoint(run, policy=checkpoint_policy(policy))(
+        state, x, segment_ids)
     nnx.update(block, new_state)
     return y
+
+
+def _stack_modules(modules: list[nnx.Module]) -> nnx.Module:
+    """One module whose every array is the modules' arrays stacked on a new leading axis
+    (the logical axis layer_stack.LAYER_AXIS). The modules must share a structure (the
+    same mixer); their values are kept exactly, so a stacked model holds the parameters,
+    buffers and RNG streams an unrolled model of the same seed holds."""
+    graphdef, *_ = nnx.split(modules[0])
+    states = [nnx.split(m)[1] for m in modules]
+    stacked = jax.tree.map(lambda *xs: jnp.stack(xs), *states)
+    module = nnx.merge(graphdef, stacked)
+    for _, var in nnx.to_flat_state(nnx.state(module, nnx.Param)):
+        for key in ("out_sharding", "sharding_names", "sharding"):
+            names = var.get_metadata().get(key)
+            if names:
+                var.set_metadata(key, (layer_stack.LAYER_AXIS,) + tuple(names))
+    return module
+
+
+def _unstack_module(module: nnx.Module, repeat: int) -> nnx.Module:
+    """A copy of one repeat of a stacked module (for decoding, layer by layer)."""
+    graphdef, state = nnx.split(module)
+    return nnx.merge(graphdef, jax.tree.map(lambda a: a[repeat], state))
 
 
 class LanguageModel(nnx.Module):
@@ -75,7 +112,17 @@ class LanguageModel(nnx.Module):
             cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=param_dtype,
             embedding_init=nnx.initializers.normal(cfg.init_std),
             embedding_metadata=meta("vocab", "embed"), rngs=rngs)
-        self.blocks = nnx.List([Block(cfg, name, rngs=rngs) for name in cfg.layer_mixers()])
+        # Built layer by layer in both layouts (the same RNG draws), then stacked by group
+        # position when scanning: scanned and unrolled models of one seed hold the same
+        # values, and layer_stack.convert maps one's parameters exactly onto the other's.
+        blocks = [Block(cfg, name, rngs=rngs) for name in cfg.layer_mixers()]
+        self.scan = layer_stack.scan_shape(cfg.layer_mixers(), cfg.scan_layers)
+        if self.scan is None:
+            self.blocks = nnx.List(blocks)
+        else:
+            period, _ = self.scan
+            self.scan_blocks = nnx.List(
+                [_stack_modules(blocks[j::period]) for j in range(period)])
         self.final_norm = rms_norm(cfg, cfg.d_model, rngs=rngs)
         self.head = (None if cfg.tie_embeddings else
                      dense(cfg, cfg.d_model, cfg.vocab_size, ("embed", "vocab"), rngs=rngs))
@@ -83,6 +130,15 @@ class LanguageModel(nnx.Module):
 
     def layer_mixers(self) -> list[str]:
         return self.cfg.layer_mixers()
+
+    def layers(self) -> list[Block]:
+        """Every layer's Block in order; a scanned model's are copies sliced from the
+        stack (read them, e.g. to decode; changing them leaves the model unchanged)."""
+        if self.scan is None:
+            return list(self.blocks)
+        period, repeats = self.scan
+        return [_unstack_module(self.scan_blocks[i % period], i // period)
+                for i in range(period * repeats)]
 
     def _embed(self, tokens):
         # Gathered from the float32 table straight into the float32 residual stream. (Through
@@ -104,24 +160,50 @@ class LanguageModel(nnx.Module):
         """tokens (B, T) int -> logits (B, T, V) float32. segment_ids (B, T) keeps packed
         documents apart."""
         x = self.dropout(self._embed(tokens), deterministic=deterministic)
-        for block in self.blocks:
-            if self.cfg.remat:
-                x = _remat_block(block, x, segment_ids, deterministic)
-            else:
-                x = block(x, segment_ids=segment_ids, deterministic=deterministic)
+        policy = self.cfg.resolved_remat_policy
+        if self.scan is not None:
+            x = self._scanned(x, segment_ids, deterministic, policy)
+        else:
+            for block in self.blocks:
+                if policy != "none":
+                    x = _remat_block(block, x, segment_ids, deterministic, policy)
+                else:
+                    x = block(x, segment_ids=segment_ids, deterministic=deterministic)
         return self._logits(x)
+
+    def _scanned(self, x, segment_ids, deterministic: bool, policy: str):
+        """The groups under one lax.scan over the stacked state: step r runs layers
+        r*period .. r*period+period-1, on their slices of the parameters and of the RNG
+        streams (each layer keeps its own dropout stream, as unrolled). Remat applies to
+        each step's group; the updated RNG counters are written back, as unrolled."""
+        graphdef, state = nnx.split(self.scan_blocks)
+
+        def group(x, layer_state):
+            blocks = nnx.merge(graphdef, layer_state)
+            for block in blocks:
+                x = block(x, segment_ids=segment_ids, deterministic=deterministic)
+            return x, nnx.state(blocks)
+
+        if policy != "none":
+            # prevent_cse=False: inside a scan XLA cannot merge the recomputation with
+            # the forward pass, so the guard jax.checkpoint adds by default only costs.
+            group = jax.checkpoint(group, policy=checkpoint_policy(policy),
+                                   prevent_cse=False)
+        x, state = jax.lax.scan(group, x, state)
+        nnx.update(self.scan_blocks, state)
+        return x
 
     # --- decoding ---------------------------------------------------------------------
     def init_cache(self, batch: int, max_len: int | None = None):
         max_len = max_len or self.cfg.max_len
         return {"pos": jnp.zeros((), jnp.int32),
-                "layers": [b.mixer.init_state(batch, max_len) for b in self.blocks]}
+                "layers": [b.mixer.init_state(batch, max_len) for b in self.layers()]}
 
     def prefill(self, tokens, cache):
         """Run a prompt (B, T) from a fresh cache: (logits (B, T, V), cache at pos T)."""
         x = self._embed(tokens)
         states = []
-        for block, state in zip(self.blocks, cache["layers"]):
+        for block, state in zip(self.layers(), cache["layers"]):
             x, state = block.prefill(x, state)
             states.append(state)
         pos = cache["pos"] + tokens.shape[1]
@@ -131,7 +213,7 @@ class LanguageModel(nnx.Module):
         """One token per sequence (B,) -> (logits (B, V), cache one position on)."""
         x = self._embed(token)
         states = []
-        for block, state in zip(self.blocks, cache["layers"]):
+        for block, state in zip(self.layers(), cache["layers"]):
             x, state = block.step(x, state)
             states.append(state)
         return self._logits(x), {"pos": cache["pos"] + 1, "layers": states}
@@ -140,7 +222,7 @@ class LanguageModel(nnx.Module):
         """Numbers held per sequence while decoding after seq_len tokens, over all layers:
         fixed states for linear mixers, plus seq_len x per-token cache for softmax."""
         total = 0
-        for block in self.blocks:
+        for block in self.layers():
             n = block.mixer.state_size()
             total += n * seq_len if block.mixer.state_grows else n
         return total

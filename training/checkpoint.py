@@ -26,6 +26,7 @@ from typing import Any, Mapping
 
 import jax
 
+from models import layer_stack
 from models.config import ModelConfig
 from training import checksum, config_tools
 
@@ -202,7 +203,8 @@ class Checkpointer:
     def check_compatible(self, step: int, shapes: Mapping[str, tuple],
                          model_section: Mapping[str, Any] | None = None) -> None:
         """Raises CheckpointMismatch naming the first parameter that does not fit."""
-        saved = self.param_shapes(step)
+        # Read in the model's layout: scan_layers may differ (training.param_layout).
+        saved = layer_stack.convert_shapes(self.param_shapes(step), shapes)
         problems = []
         for name in sorted(set(shapes) - set(saved)):
             problems.append(f"parameter {name!r} {tuple(shapes[name])} is in the model but not in "
@@ -323,7 +325,7 @@ def load_for_eval(workdir: str | os.PathLike, step: int | str | None = None):
     """
     from flax import nnx
 
-    from training import builders, model_state
+    from training import builders, model_state, param_layout
 
     config = config_tools.load_config(workdir)
     dataset = builders.build_dataset(config)
@@ -356,7 +358,7 @@ def load_for_eval(workdir: str | os.PathLike, step: int | str | None = None):
             try:
                 ckpt.check_compatible(step, {k: v.shape for k, v in current.items()},
                                       config.model.to_dict())
-                params, _, _ = ckpt.restore(step, abstract)
+                params, _, _ = param_layout.restore(ckpt, step, abstract)
                 break
             except CheckpointDamaged as e:
                 if i + 1 == len(candidates):

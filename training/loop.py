@@ -28,7 +28,7 @@ import jax
 import numpy as np
 
 from training import (builders, checkpoint, config_tools, flops, metrics, model_state,
-                      runtime, workdir_lock)
+                      param_layout, runtime, workdir_lock)
 from training import sharding as shd
 
 
@@ -199,8 +199,9 @@ def _restore_or_init(ckpt, model: runtime.Model, layout: runtime.Layout, patienc
     for step in candidates:
         try:
             ckpt.check_compatible(step, model.shapes, model_section)
-            params, opt_state, meta = ckpt.restore(
-                step, _placed(model.params, layout.params),
+            # In the checkpoint's layout, converted if scan_layers changed (param_layout).
+            params, opt_state, meta = param_layout.restore(
+                ckpt, step, _placed(model.params, layout.params),
                 _placed(model.opt_state, layout.opt_state))
         except checkpoint.CheckpointDamaged as e:
             damaged.append(e)

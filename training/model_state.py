@@ -18,6 +18,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from models import layer_stack
+
 # Names the partitioning metadata goes by across flax 0.12.x.
 _SHARDING_METADATA = ("out_sharding", "sharding_names", "sharding")
 
@@ -95,17 +97,31 @@ def init_sharded(make_model: Callable[[], nnx.Module], param_shardings: dict,
 
 
 def rekey(rest: nnx.State, key) -> nnx.State:
-    """A copy of `rest` whose RNG streams are keyed from `key` (one per stream, by path)."""
+    """A copy of `rest` whose RNG streams are keyed from `key` (one per stream, by path).
+
+    A scanned model's layer streams are stacked ("scan_blocks/j/...", one key per
+    repeat): repeat r gets the key of the unrolled model's stream of the same layer
+    ("blocks/{r * period + j}/..."), so dropout does not depend on scan_layers and a run
+    may resume in the other layout with the same masks."""
+    flat = list(rest.flat_state())
+    period = layer_stack.stacked_period([path_name(p) for p, _ in flat])
+
+    def keyed(name):
+        return jax.random.fold_in(key, zlib.crc32(name.encode()) & 0x7FFFFFFF)
+
     def fix(path, variable):
         if isinstance(variable, nnx.RngKey):
-            salt = zlib.crc32(path_name(path).encode()) & 0x7FFFFFFF
-            return variable.replace(jax.random.fold_in(key, salt))
+            name = path_name(path)
+            shape = variable.get_value().shape
+            if not shape:
+                return variable.replace(keyed(name))
+            return variable.replace(jnp.stack(
+                [keyed(layer_stack.unrolled_name(name, r, period)) for r in range(shape[0])]))
         if isinstance(variable, nnx.RngCount):
             return variable.replace(jnp.zeros_like(variable.value))
         return variable
 
-    flat = [(p, fix(p, v)) for p, v in rest.flat_state()]
-    return nnx.State.from_flat_path(flat)
+    return nnx.State.from_flat_path([(p, fix(p, v)) for p, v in flat])
 
 
 def num_params(shapes: dict) -> int:

@@ -4,7 +4,8 @@ The mesh has three axes, always in this order:
   data   - pure data parallelism (parameters replicated),
   fsdp   - data parallelism with parameters and optimizer state sharded (ZeRO-3 style),
   tensor - tensor parallelism inside matmuls.
-Parameters carry logical axis names ("embed", "vocab", "mlp", "heads", "kv", "norm");
+Parameters carry logical axis names ("embed", "vocab", "mlp", "heads", "kv", "norm",
+and "layers" for the stacked axis of scanned layers);
 `LOGICAL_RULES` maps them to mesh axes, as MaxText does. A dimension that does not divide
 by its mesh axis size is replicated instead, so any model runs on any mesh.
 """
@@ -27,6 +28,9 @@ LOGICAL_RULES: dict[str, str | None] = {
     "heads": "tensor",
     "kv": None,
     "norm": None,
+    # The stacked layer axis of scan_layers (models.layer_stack): never split, so each
+    # scan step reads a whole layer from its own shards.
+    "layers": None,
 }
 
 
