@@ -20,8 +20,16 @@ kernel 3; its ShortConvolution has no conv bias and the SiLU follows it):
   u1, u2 = split(in_proj(u))            in_proj: d_model -> expand d_model, halves of
   y = out_proj(silu(conv(u1)) * u2)     d_inner = expand d_model / 2; no "+ u" here
 Decode state: the conv's last base_conv_size - 1 inputs of u1.
+
+Init: both references re-draw every nn.Linear of the model from N(0, 0.02) with zero
+bias (zoology/model.py and based/models/gpt.py `_init_weights`; Based also scales
+out_proj by 1/sqrt(2 n_layers), GPT-2's rule); their convs keep torch's Conv1d default
+(ShortConv's). The gate then starts small, so each layer starts close to its "+ u" /
+zero output. Done here for these two mixers; the others keep nnx's default init.
 """
 from __future__ import annotations
+
+import math
 
 import jax.numpy as jnp
 from flax import nnx
@@ -31,6 +39,12 @@ from models.layers import ShortConv, dense, dtypes
 from models.mixers.base import Mixer
 from models.mixers.registry import BASE_CONV, GATED_CONV, register
 
+REFERENCE_INIT_STD = 0.02  # Zoology's and Based's initializer_range
+
+
+def _normal(std: float):
+    return nnx.initializers.normal(std)
+
 
 @register(BASE_CONV)
 class BaseConv(Mixer):
@@ -38,7 +52,8 @@ class BaseConv(Mixer):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         d = cfg.d_model
-        self.projection = dense(cfg, d, d, ("embed", "heads"), rngs=rngs, use_bias=True)
+        self.projection = dense(cfg, d, d, ("embed", "heads"), rngs=rngs, use_bias=True,
+                                kernel_init=_normal(REFERENCE_INIT_STD))
         self.conv = ShortConv(cfg, d, rngs=rngs, size=cfg.base_conv_size, bias=True,
                               activation=False)
 
@@ -80,10 +95,11 @@ class GatedConv(Mixer):
         d = cfg.d_model
         self.d_inner = cfg.gated_conv_expand * d // 2
         self.in_proj = dense(cfg, d, 2 * self.d_inner, ("embed", "heads"), rngs=rngs,
-                             use_bias=True)
+                             use_bias=True, kernel_init=_normal(REFERENCE_INIT_STD))
         self.conv = ShortConv(cfg, self.d_inner, rngs=rngs, size=cfg.base_conv_size)
         self.out_proj = dense(cfg, self.d_inner, d, ("heads", "embed"), rngs=rngs,
-                              use_bias=True)
+                              use_bias=True, kernel_init=_normal(
+                                  REFERENCE_INIT_STD / math.sqrt(2 * cfg.num_layers)))
 
     def _mix(self, u, *, segment_ids, state):
         u1, u2 = jnp.split(self.in_proj(u), 2, axis=-1)

@@ -135,6 +135,19 @@ def _mixer_outputs(m, x, seg):
     return m(x), _decode(m, x), m(x, segment_ids=seg)
 
 
+def test_conv_mixers_init_as_their_references():
+    """N(0, 0.02) linears with zero bias (Zoology's and Based's _init_weights), Based's
+    out_proj at 0.02 / sqrt(2 n_layers); the conv at torch's U(+-1/sqrt(k))."""
+    cfg = tiny_config(d_model=128, num_layers=8)
+    base = get_mixer("base_conv")(cfg, rngs=nnx.Rngs(0))
+    gated = get_mixer("gated_conv")(cfg, rngs=nnx.Rngs(0))
+    for w, std in ((base.projection.kernel, 0.02), (gated.in_proj.kernel, 0.02),
+                   (gated.out_proj.kernel, 0.02 / 4)):
+        assert abs(float(jnp.std(w[...])) / std - 1) < 0.05
+    assert not float(jnp.abs(base.projection.bias[...]).max())
+    assert float(jnp.abs(base.conv.kernel[...]).max()) <= 3 ** -0.5
+
+
 def _build(name, **overrides):
     cfg = tiny_config(short_conv=True, **overrides)
     return cfg, get_mixer(name)(cfg, rngs=nnx.Rngs(0))
