@@ -53,6 +53,13 @@ class ModelConfig:
     feature_map: str = "elu"       # `linear`: elu, relu, identity, dpfp (2 d features)
     based_feature_dim: int = 16    # Based: q, k projected to this many dims per head
     num_random_features: int = 256  # performer
+    # Performer: redraw omega every step while training (1, as google-research's
+    # make_fast_softmax_attention, redraw_features=True), keyed by (seed, step) through
+    # the model's RNG streams so a resume is exact; 0 keeps the draw made at init.
+    # Evaluation and decoding always use the init draw.
+    performer_redraw_every: int = _runtime(1)
+    performer_qk_norm: bool = False  # L2-normalised q, k times a learned temperature
+    hedgehog_map: str = "softmax"  # "softmax" (fla's map) or "exp" (the paper's)
     conv_size: int = 4             # short causal conv (deltanet, gated_deltanet; short_conv)
     # fla's use_short_conv for linear, performer, hedgehog, lightning, based, taylor: a
     # causal depthwise conv (conv_size taps) + SiLU on q, k and v before the feature map.
@@ -127,6 +134,11 @@ class ModelConfig:
             fail("impl", f"choose one of {IMPLS}")
         if self.feature_map not in FEATURE_MAPS:
             fail("feature_map", f"choose one of {FEATURE_MAPS}")
+        if self.performer_redraw_every not in (0, 1):
+            fail("performer_redraw_every", "choose 0 (the init draw) or 1 (every step); "
+                 "every N > 1 steps needs the step index inside the train step")
+        if self.hedgehog_map not in ("softmax", "exp"):
+            fail("hedgehog_map", "choose 'softmax' (fla's) or 'exp' (the paper's)")
         if self.remat_policy not in REMAT_POLICIES:
             fail("remat_policy", f"choose one of {REMAT_POLICIES} (remat=True alone "
                  f"means \"full\")")
@@ -195,9 +207,12 @@ class ModelConfig:
 #    a mapping (config.json) lacks the key; from_dict applies it. short_conv: before it
 #    existed no feature-map mixer had a conv (False is also today's default; stated here so
 #    a later change of the default cannot silently change old checkpoints).
+#    performer_redraw_every: 0, the fixed init draw every Performer trained with before
+#    redraw existed (a resume of such a run keeps its features); performer_qk_norm: False.
 #  - layer_pattern letters: before mixer names, a pattern was one "L" (cfg.mixer) or "S"
 #    (softmax) per layer; expand_layer_pattern still reads that form, as that model.
-SAVED_DEFAULTS: dict[str, Any] = {"short_conv": False}
+SAVED_DEFAULTS: dict[str, Any] = {"short_conv": False, "performer_redraw_every": 0,
+                                  "performer_qk_norm": False}
 _LEGACY_LETTERS = frozenset("LS")
 
 

@@ -92,28 +92,91 @@ def gaussian_projection(key, num_features: int, dim: int, *, orthogonal: bool = 
     return rows * norms[:, None]
 
 
+def favor_logits(x, omega, *, scale: float = 1.0):
+    """The exponents of FAVOR+'s positive features, omega_i . x' - |x'|^2 / 2 with
+    x' = scale x, in float32 (..., m): exp() turns a small error in an exponent into a
+    relative error of the feature, so the product runs at full float32 precision (not
+    TF32 on GPU) whatever the input dtype (float64 inputs stay float64)."""
+    dtype = jnp.promote_types(x.dtype, jnp.float32)  # float64 stays (x64 test oracles)
+    x = x.astype(dtype) * scale
+    logits = jnp.einsum("...d,md->...m", x, omega.astype(dtype),
+                        precision=jax.lax.Precision.HIGHEST)
+    return logits - 0.5 * jnp.sum(x * x, axis=-1, keepdims=True)
+
+
 def favor_plus(x, omega, *, scale: float = 1.0, query: bool = False, eps: float = 0.0):
     """Positive random features exp(omega_i . x - |x|^2 / 2) / sqrt(m) (+ eps).
 
     E[phi(q) . phi(k)] = exp(q . k) for Gaussian omega (seed 000). `scale` multiplies x
     first: d^(-1/4) gives the softmax temperature, exp(q . k / sqrt(d)).
 
-    Stabiliser, causal-safe: for queries (query=True) subtract the per-token max of the
-    exponent over features. That multiplies phi(q_t) by a constant of token t alone, which
-    cancels between the numerator and the normaliser, and uses no other token (a max over
-    keys or time would leak the future). Keys need none: omega . x - |x|^2/2 <= |omega|^2/2,
-    a bound that depends on omega only.
+    query=True subtracts the per-token max of the exponent over features: a constant of
+    token t alone, which cancels between the numerator and the normaliser. Keys are not
+    stabilised here: a mixer stabilises them over the causal prefix
+    (running_max_features), since a max over keys of other tokens would leak the future.
     """
-    x = x.astype(jnp.float32) * scale
-    # Full float32 precision: exp() turns a small error in the exponent (TF32 on GPU) into
-    # a relative error of the feature.
-    logits = jnp.einsum("...d,md->...m", x, omega.astype(jnp.float32),
-                        precision=jax.lax.Precision.HIGHEST)
-    logits = logits - 0.5 * jnp.sum(x * x, axis=-1, keepdims=True)
-    if query:
-        logits = logits - jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+    logits = favor_logits(x, omega, scale=scale)
     m = omega.shape[0]
+    if query:
+        return per_token_max_features(logits, eps=eps * math.sqrt(m)) / math.sqrt(m)
     return jnp.exp(logits) / math.sqrt(m) + eps
+
+
+# --- Stabilising exponential features (FAVOR+, Hedgehog's exp form) -------------------
+#
+# A feature exp(l) overflows float32 past l = 88.7 and underflows below -103. Any shift
+# that is one constant per query token cancels between the numerator and the normaliser;
+# for keys the shift must be shared by every key a query reads, and may use no later key.
+
+def per_token_max_features(logits, *, eps: float = 0.0):
+    """exp(l - max_f l) + eps per token (the largest feature is 1 + eps): a constant of the
+    token alone, held out of the gradient (it cancels when normalised)."""
+    top = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))
+    return jnp.exp(logits - top) + eps
+
+
+def _segmented_cummax(m, run):
+    """max of m (B, T, H) over the prefix of each token's run (run (B, T), non-decreasing
+    along T). The pair operator keeps the later run's value unless both runs agree: it is
+    associative because runs are contiguous, so lax.associative_scan applies."""
+    r = jnp.broadcast_to(run[..., None], m.shape)
+
+    def combine(a, b):
+        (ra, va), (rb, vb) = a, b
+        return rb, jnp.where(ra == rb, jnp.maximum(va, vb), vb)
+    return jax.lax.associative_scan(combine, (r, m), axis=1)[1]
+
+
+def running_max_features(logits, run, c0, *, eps: float = 0.0):
+    """Causally stabilised key features and the log decay that keeps them exact.
+
+    logits (B, T, H, F) float32; run (B, T) the run (document) index of each token, from 0
+    (kernels.common.run_ids); c0 (B, H) the running max carried in from an earlier call
+    (decode, chunked prefill), -inf for an empty state.
+
+    c_t = max over the run's prefix s <= t (and c0 for run 0) of max_f l_s,f. The key at
+    s is written as phi_s = exp(l_s - c_s) + eps <= 1 + eps and every state is kept
+    relative to the current max by the decay exp(g_t), g_t = c_{t-1} - c_t <= 0:
+
+        S_t = exp(g_t) S_{t-1} + phi_t v_t^T  =  sum_s exp(c_s - c_t) phi_s v_s^T,
+
+    i.e. key s enters with exp(l_s - c_t) (+ eps exp(c_s - c_t)): one constant exp(-c_t)
+    for every key query t reads, which cancels in the normalised output. No exponent
+    exceeds 0, c_t reads no later token, and the largest key of the prefix keeps feature
+    1, so the keys never all underflow. g = 0 where a run starts (the op zeroes the state
+    there) and where c0 is -inf. c is held out of the gradient: it cancels but for eps.
+
+    Returns (features (B, T, H, F), log_decay (B, T, H), c at the last token (B, H)).
+    """
+    top = jax.lax.stop_gradient(jnp.max(logits, axis=-1))           # (B, T, H)
+    c = _segmented_cummax(top, run)
+    c0 = jax.lax.stop_gradient(c0.astype(c.dtype))
+    c = jnp.where((run == 0)[..., None], jnp.maximum(c, c0[:, None]), c)
+    c_prev = jnp.concatenate([c0[:, None], c[:, :-1]], axis=1)
+    new_run = jnp.concatenate([jnp.zeros_like(run[:, :1], bool), run[:, 1:] != run[:, :-1]],
+                              axis=1)[..., None]
+    log_decay = jnp.where(new_run | ~jnp.isfinite(c_prev), 0.0, c_prev - c)
+    return jnp.exp(logits - c[..., None]) + eps, log_decay, c[:, -1]
 
 
 # --- DPFP (Schlag, Irie & Schmidhuber 2021) -------------------------------------------
@@ -131,11 +194,23 @@ def dpfp(x, nu: int = 1):
 
 # --- Hedgehog (Zhang et al. 2024) -----------------------------------------------------
 
-class HedgehogFeatureMap(nnx.Module):
-    """Learned map per head: phi(x) = [softmax(W x), softmax(-W x)] over features.
+HEDGEHOG_MAPS = ("softmax", "exp")
 
-    W (heads, d, d) starts at the identity, so at init phi is the mirrored softmax of x.
-    The same map serves a head's queries and keys. 2 * d features.
+
+class HedgehogFeatureMap(nnx.Module):
+    """One learned map per head, a = W x + b with W (heads, d, d) at the identity and b
+    (heads, d) at zero (fla's nn.Linear(head_dim, head_dim) with eye_ / zeros_ init; ours
+    per head), giving 2 d features from the mirrored pair [a, -a] (`log_features`):
+
+      "softmax" (fla's fla/modules/feature_map.py, its default): softmax([2a, -2a]), one
+          softmax over all 2 d features (`__call__`);
+      "exp" (the paper's, Zhang et al. 2024 and HazyResearch's hedgehog code):
+          [exp(a), exp(-a)], exponentiated by the mixer with a causal stabiliser
+          (running_max_features), since exp(a) alone overflows.
+
+    A mixer keeps two, one for queries and one for keys (fla's default,
+    tie_feature_map_qk=False). Neither W nor b is weight-decayed (training.optim): decay
+    would pull W from the identity towards zero, the uniform map.
     """
 
     def __init__(self, num_heads: int, head_dim: int, *, param_dtype=jnp.float32):
@@ -143,9 +218,16 @@ class HedgehogFeatureMap(nnx.Module):
                                (num_heads, head_dim, head_dim))
         self.kernel = nnx.Param(eye, sharding_names=("heads", None, None),
                                 eager_sharding=False)
+        self.bias = nnx.Param(jnp.zeros((num_heads, head_dim), param_dtype),
+                              sharding_names=("heads", None), eager_sharding=False)
 
-    def __call__(self, x):  # x (..., H, D)
-        wx = jnp.einsum("...hd,hde->...he", x.astype(jnp.float32),
-                        self.kernel[...].astype(jnp.float32))
-        return jnp.concatenate([jax.nn.softmax(wx, axis=-1), jax.nn.softmax(-wx, axis=-1)],
-                               axis=-1)
+    def log_features(self, x):  # x (..., H, D) -> [a, -a] (..., H, 2 D), float32 at least
+        dtype = jnp.promote_types(x.dtype, jnp.float32)
+        a = jnp.einsum("...hd,hde->...he", x.astype(dtype), self.kernel[...].astype(dtype),
+                       precision=jax.lax.Precision.HIGHEST)
+        a = a + self.bias[...].astype(dtype)
+        return jnp.concatenate([a, -a], axis=-1)
+
+    def __call__(self, x):
+        """fla's map: softmax over the 2 d features of [2a, -2a]."""
+        return jax.nn.softmax(2.0 * self.log_features(x), axis=-1)

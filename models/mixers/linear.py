@@ -1,10 +1,17 @@
 """Linear attention with a feature map: `linear` (elu+1 / relu / identity / dpfp),
 `performer` (FAVOR+), `hedgehog` (learned maps). All are FeatureMapAttention: each gives
-its map phi and its feature count F."""
+its map phi and its feature count F; the exponential maps (FAVOR+, Hedgehog's exp form)
+make their features inside the op call with a causal running-max stabiliser."""
 from __future__ import annotations
 
+import math
+
+import jax
+import jax.numpy as jnp
 from flax import nnx
 
+from kernels import ops
+from kernels.common import run_ids
 from models import feature_maps as fm
 from models.config import ModelConfig
 from models.layers import Buffer, meta, dtypes
@@ -46,41 +53,177 @@ class LinearAttention(FeatureMapAttention):
         return super()._output(o, x)
 
 
-@register(PERFORMER)
-class Performer(FeatureMapAttention):
-    """FAVOR+ (Choromanski et al. 2020): m positive orthogonal random features of
-    q, k / d^(1/4). omega is drawn once at init and kept as a non-trainable Buffer, so
-    the full call and decode use the same features."""
+class _StabilisedExpAttention(FeatureMapAttention):
+    """Normalised linear attention with exponential features exp(l), l from
+    `_log_features`, made inside the op call in float32 (never cast to the compute dtype
+    first: a bfloat16 exponent near -100 is off by 0.5). Queries subtract their own max
+    over features; keys a running max over the causal prefix (running_max_features),
+    carried in the decode state as c (B, H) beside S and z, and applied as a per-token
+    log decay c_{t-1} - c_t of the linear-attention state: every form of
+    kernels.ops.linear_attention (parallel, recurrent, chunk; Pallas, which takes a
+    (B, T, H) log decay too, for 16-bit inputs only, so these float32 features take the
+    chunk form under impl="auto") gives the same exact, causal result, and no exponent
+    exceeds 0 whatever the head dim and input scale. _phi passes q and k through."""
 
-    feature_eps = 1e-4  # keeps every feature strictly positive (Performer's kernel_epsilon)
+    feature_eps = 0.0  # added to every feature after the shift
+    # kernels.ops.linear_attention's eps, o = num / (den + eps). The shifts make den as
+    # small as exp(-(the query's and keys' distance from their own maxima)), 1e-13 and
+    # less at large inputs where the true output is still v-sized, so a fixed 1e-6
+    # would swamp it (token 0's output v_0 read as ~1e-7 v_0). 1e-18 keeps den + eps and
+    # its square (the gradient's) normal float32 numbers, so a den that underflows to 0
+    # gives o = 0 and finite gradients, not NaN.
+    denominator_eps = 1e-18
+
+    def _log_features(self, x, *, query: bool, omega):
+        raise NotImplementedError
+
+    def _ratio(self) -> float:
+        return 1.0
+
+    def _phi(self, x, *, query: bool):
+        return x
+
+    def _op_state(self, batch: int):
+        s, z = super()._op_state(batch)
+        return s, z, jnp.full((batch, self.num_heads), -jnp.inf, jnp.float32)
+
+    def _op(self, inputs, *, segment_ids, initial_state, return_state, impl):
+        b, t = inputs["v"].shape[:2]
+        omega = inputs.get("omega")
+        lq = self._log_features(inputs["q"], query=True, omega=omega)
+        lk = self._log_features(inputs["k"], query=False, omega=omega)
+        if initial_state is None:
+            c0 = jnp.full((b, self.num_heads), -jnp.inf, jnp.float32)
+        else:
+            s0, z0, c0 = initial_state
+            initial_state = (s0, z0)
+        ratio = self._ratio()
+        q = ratio * fm.per_token_max_features(lq, eps=self.feature_eps)
+        k, log_decay, c = fm.running_max_features(lk, run_ids(segment_ids, b, t), c0,
+                                                  eps=self.feature_eps)
+        res = ops.linear_attention(
+            q, ratio * k, inputs["v"], normalize=True, eps=self.denominator_eps,
+            log_decay=log_decay, segment_ids=segment_ids, initial_state=initial_state,
+            return_state=return_state, impl=impl, chunk_size=self.cfg.chunk_size)
+        if not return_state:
+            return res.astype(inputs["v"].dtype)
+        o, (s, z) = res
+        return o.astype(inputs["v"].dtype), (s, z, c)
+
+
+@register(PERFORMER)
+class Performer(_StabilisedExpAttention):
+    """FAVOR+ (Choromanski et al. 2020; google-research performer/fast_attention/jax):
+    m positive orthogonal random features (1/sqrt(m)) (exp(omega . x' - |x'|^2/2) + eps)
+    of x' = q, k / d^(1/4), normalised, causal, stabilised as _StabilisedExpAttention
+    says. eps = 1e-6 as make_fast_softmax_attention passes (its numerical_stabilizer;
+    the feature creator's own default 1e-4 is overridden there). google-research
+    shifts queries by max_f omega . x' and keys by one max over all tokens and features
+    (a future key moves it); ours shifts by the max of the whole exponent, per query
+    token and over each key's causal prefix: the same estimator, never overflowing.
+
+    Features: omega is drawn at init from the params stream and kept as a Buffer, which
+    evaluation, prefill and decode use; while training (deterministic=False) with
+    cfg.performer_redraw_every = 1 a fresh omega is drawn every call from the layer's own
+    RNG stream, which training re-keys from (seed, step) every step
+    (training.model_state.rekey), so a resumed run draws the same features.
+
+    cfg.performer_qk_norm: q, k L2-normalised per head and scaled by sqrt(tau), tau a
+    learned per-head temperature (log_temperature, init log sqrt(d): the scale of
+    q . k / sqrt(d) for unit-variance entries), so the kernel is exp(tau q^.k^)."""
+
+    # Every feature >= eps / sqrt(m) and the prefix's largest key at 1 / sqrt(m): the
+    # normaliser is >= eps / m (4e-9 at m = 256), far above denominator_eps.
+    feature_eps = 1e-6
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         super().__init__(cfg, rngs=rngs)
         self.omega = Buffer(fm.gaussian_projection(
             rngs.params(), cfg.num_random_features, self.head_dim, orthogonal=True))
+        self.qk_norm = cfg.performer_qk_norm
+        if self.qk_norm:
+            self.log_temperature = nnx.Param(
+                jnp.full((self.num_heads,), 0.5 * math.log(self.head_dim), jnp.float32),
+                sharding_names=("heads",), eager_sharding=False)
+        # Built only when redrawing, so a fixed-feature model keeps its state as before.
+        self.redraw = cfg.performer_redraw_every == 1
+        if self.redraw:
+            self.feature_rngs = rngs["features"].fork()
+
+    takes_deterministic = True  # redraw while training only
 
     @classmethod
     def feature_dim(cls, cfg: ModelConfig) -> int:
         return cfg.num_random_features
 
-    def _phi(self, x, *, query: bool):
-        return fm.favor_plus(x, self.omega[...], scale=self.head_dim ** -0.25, query=query,
-                             eps=self.feature_eps)
+    def _ratio(self) -> float:
+        return self.cfg.num_random_features ** -0.5
+
+    def _omega(self, deterministic: bool):
+        if self.redraw and not deterministic:
+            return fm.gaussian_projection(self.feature_rngs(), self.cfg.num_random_features,
+                                          self.head_dim, orthogonal=True)
+        return self.omega[...]
+
+    def __call__(self, x, *, segment_ids=None, deterministic: bool = True):
+        inputs, _ = self._inputs(x, segment_ids=segment_ids, conv_state=None)
+        inputs["omega"] = self._omega(deterministic)
+        o = self._op(inputs, segment_ids=segment_ids, initial_state=None,
+                     return_state=False, impl=self.cfg.impl)
+        return self._output(o, x)
+
+    def _log_features(self, x, *, query: bool, omega):
+        omega = self.omega[...] if omega is None else omega
+        if not self.qk_norm:
+            return fm.favor_logits(x, omega, scale=self.head_dim ** -0.25)
+        x = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+        x = x * jax.lax.rsqrt(jnp.sum(x * x, axis=-1, keepdims=True) + self.cfg.norm_eps)
+        x = x * jnp.exp(0.5 * self.log_temperature[...].astype(x.dtype))[:, None]
+        return fm.favor_logits(x, omega)
 
 
 @register(HEDGEHOG)
-class Hedgehog(FeatureMapAttention):
-    """Hedgehog (Zhang et al. 2024): a learned map per head, [softmax(Wx), softmax(-Wx)],
-    shared by the head's queries and keys, W initialised to the identity; normalised."""
+class Hedgehog(_StabilisedExpAttention):
+    """Hedgehog (Zhang et al. 2024): separate learned maps for queries and keys
+    (feature_map_q, feature_map_k; fla's LinearAttention default tie_feature_map_qk=False),
+    each W x + b per head at the identity, 2 d features, normalised (fla's
+    do_feature_map_norm). cfg.hedgehog_map "softmax": fla's softmax([2a, -2a]) (bounded,
+    made by _phi as for any feature map); "exp": the paper's [exp(a), exp(-a)], made
+    inside the op with the running-max stabiliser (no feature eps; the paper has none).
+    The map weights are never weight-decayed (training.optim.NO_DECAY_MODULES).
+
+    Checkpoints from before the maps were split (one shared `feature_map/kernel`, a
+    softmax over each half separately, no bias) do not load: the loader names the missing
+    `feature_map_q/kernel` and the rest."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         super().__init__(cfg, rngs=rngs)
-        self.feature_map = fm.HedgehogFeatureMap(self.num_heads, self.head_dim,
-                                                 param_dtype=dtypes(cfg)[1])
+        param_dtype = dtypes(cfg)[1]
+        self.map_form = cfg.hedgehog_map
+        self.feature_map_q = fm.HedgehogFeatureMap(self.num_heads, self.head_dim,
+                                                   param_dtype=param_dtype)
+        self.feature_map_k = fm.HedgehogFeatureMap(self.num_heads, self.head_dim,
+                                                   param_dtype=param_dtype)
 
     @classmethod
     def feature_dim(cls, cfg: ModelConfig) -> int:
         return 2 * cfg.resolved_head_dim
 
+    def _map(self, query: bool):
+        return self.feature_map_q if query else self.feature_map_k
+
     def _phi(self, x, *, query: bool):
-        return self.feature_map(x)
+        return self._map(query)(x) if self.map_form == "softmax" else x
+
+    def _log_features(self, x, *, query: bool, omega):
+        return self._map(query).log_features(x)
+
+    def _op_state(self, batch: int):
+        if self.map_form == "softmax":
+            return FeatureMapAttention._op_state(self, batch)
+        return super()._op_state(batch)
+
+    def _op(self, inputs, **kwargs):
+        if self.map_form == "softmax":
+            return FeatureMapAttention._op(self, inputs, **kwargs)
+        return super()._op(inputs, **kwargs)

@@ -44,26 +44,14 @@ def _elu1(a):
     return np.where(a > 0, a + 1, np.exp(np.minimum(a, 0)))
 
 
-def _mirrored_softmax(w):
-    """Hedgehog's map with per-head W (H, D, D): [softmax(Wx), softmax(-Wx)]."""
-    def sm(a):
-        e = np.exp(a - a.max(-1, keepdims=True))
+def _hedgehog_softmax(w, b):
+    """fla's HedgehogFeatureMap with per-head W (H, D, D), b (H, D):
+    softmax over the 2 D features of [2a, -2a], a = x W + b."""
+    def phi(x):  # x (T, H, D)
+        a = np.einsum("thd,hde->the", x, w) + b
+        e = np.concatenate([2 * a, -2 * a], -1)
+        e = np.exp(e - e.max(-1, keepdims=True))
         return e / e.sum(-1, keepdims=True)
-
-    def phi(a):  # a (T, H, D)
-        wx = np.einsum("thd,hde->the", a, w)
-        return np.concatenate([sm(wx), sm(-wx)], -1)
-    return phi
-
-
-def _favor(omega, d, eps, query):
-    """FAVOR+ features of x / d^(1/4), + eps; queries subtract their own max exponent."""
-    def phi(a):
-        a = a * d ** -0.25
-        e = a @ omega.T - 0.5 * np.sum(a * a, -1, keepdims=True)
-        if query:
-            e = e - e.max(-1, keepdims=True)
-        return np.exp(e) / math.sqrt(len(omega)) + eps
     return phi
 
 
@@ -92,12 +80,38 @@ def linear_elu(m, x):
 
 
 def hedgehog(m, x):
-    return linear_normalized(m, x, _mirrored_softmax(p(m.feature_map.kernel)))
+    """Separate query and key maps (fla's default)."""
+    fq, fk = m.feature_map_q, m.feature_map_k
+    return linear_normalized(m, x, _hedgehog_softmax(p(fq.kernel), p(fq.bias)),
+                             _hedgehog_softmax(p(fk.kernel), p(fk.bias)))
 
 
 def performer(m, x):
+    """FAVOR+ with keys shifted by the running max of their exponent over the prefix:
+    key s enters query t's sums as (exp(e_s - c_s) + eps) exp(c_s - c_t), written here
+    directly as a sum over s (not as a decayed state) to be independent of the model."""
     omega, d, eps = p(m.omega), m.head_dim, m.feature_eps
-    return linear_normalized(m, x, _favor(omega, d, eps, True), _favor(omega, d, eps, False))
+    r = 1 / math.sqrt(len(omega))
+
+    def logits(a):
+        a = a * d ** -0.25
+        return a @ omega.T - 0.5 * np.sum(a * a, -1, keepdims=True)
+    h, out = m.num_heads, []
+    for xb in np.asarray(x, np.float64):
+        lq = logits(heads(xb @ p(m.q_proj.kernel), h))  # (T, H, m)
+        lk = logits(heads(xb @ p(m.k_proj.kernel), h))
+        v = heads(xb @ p(m.v_proj.kernel), h)
+        q = r * (np.exp(lq - lq.max(-1, keepdims=True)) + eps)
+        c = np.maximum.accumulate(lk.max(-1), axis=0)  # (T, H), over the causal prefix
+        o = np.zeros_like(v)
+        for t in range(len(xb)):
+            k = r * (np.exp(lk[:t + 1] - c[:t + 1, :, None]) + eps) \
+                * np.exp(c[:t + 1] - c[t])[..., None]  # (t+1, H, m)
+            num = np.einsum("hf,shf,shv->hv", q[t], k, v[:t + 1])
+            den = np.einsum("hf,shf->h", q[t], k)
+            o[t] = num / (den[:, None] + m.denominator_eps)
+        out.append(o.reshape(len(xb), -1) @ p(m.o_proj.kernel))
+    return np.stack(out)
 
 
 def _delta_inputs(m, xb, eps):

@@ -125,16 +125,35 @@ def test_favor_plus_query_stabiliser_cancels_and_is_per_token():
                                fm.favor_plus(x, omega, query=True)[:1], rtol=1e-5)
 
 
-def test_hedgehog_identity_init_is_mirrored_softmax():
-    rng = np.random.default_rng(4)
-    x = rng.normal(size=(2, 3, 2, 5))  # (B, T, H, D)
-    phi = fm.HedgehogFeatureMap(num_heads=2, head_dim=5)
-    got = np.asarray(phi(jnp.asarray(x, jnp.float32)))
+def _fla_hedgehog_float64(x, w, b):
+    """fla/modules/feature_map.py HedgehogFeatureMap.forward, transcribed per head:
+    x = layer(x); torch.cat([2*x, -2*x], dim=-1).softmax(-1)."""
+    a = np.einsum("...hd,hde->...he", x, w) + b
+    e = np.concatenate([2 * a, -2 * a], -1)
+    e = np.exp(e - e.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
 
-    def softmax(a):
-        e = np.exp(a - a.max(-1, keepdims=True))
-        return e / e.sum(-1, keepdims=True)
-    np.testing.assert_allclose(got, np.concatenate([softmax(x), softmax(-x)], -1), rtol=1e-5)
+
+def test_hedgehog_map_matches_fla_float64():
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(2, 3, 2, 5)) * 3  # (B, T, H, D)
+    phi = fm.HedgehogFeatureMap(num_heads=2, head_dim=5)
+    # Identity init, zero bias (fla's eye_ / zeros_).
+    np.testing.assert_array_equal(phi.kernel[...], np.broadcast_to(np.eye(5), (2, 5, 5)))
+    np.testing.assert_array_equal(phi.bias[...], np.zeros((2, 5)))
+    w = np.asarray(phi.kernel[...]) + 0.3 * rng.normal(size=(2, 5, 5))
+    b = 0.5 * rng.normal(size=(2, 5))
+    phi.kernel[...], phi.bias[...] = jnp.asarray(w), jnp.asarray(b)
+    with jax.enable_x64(True):
+        got = np.asarray(phi(jnp.asarray(x)))
+        logs = np.asarray(phi.log_features(jnp.asarray(x)))
+    ref = _fla_hedgehog_float64(x, w, b)
+    np.testing.assert_allclose(got, ref, rtol=1e-6, atol=1e-12)  # W, b stored float32
+    np.testing.assert_allclose(got.sum(-1), 1.0, rtol=1e-12)
+    # The paper's exp form takes [a, -a] as its log-features.
+    a = np.einsum("...hd,hde->...he", x, np.asarray(phi.kernel[...], np.float64)) \
+        + np.asarray(phi.bias[...], np.float64)
+    np.testing.assert_allclose(logs, np.concatenate([a, -a], -1), rtol=1e-12)
 
 
 def test_dpfp_hand_example():

@@ -135,7 +135,7 @@ def _hand_state_size(name, cfg):
         "softmax": 2 * kv * d,                      # per token of cache
         "sliding_window": w * 2 * kv * d,
         "linear": h * (d * d + d),                  # S (F x Dv) and z (F), F = d
-        "performer": h * (m * d + m),
+        "performer": h * (m * d + m + 1),           # + the keys' running max c
         "hedgehog": h * (2 * d * d + 2 * d),
         "taylor": h * (taylor_f * d + taylor_f),
         "based": h * (taylor_f * d + taylor_f) + w * 2 * kv * d,
@@ -208,10 +208,11 @@ def test_layer_matches_float64_reference(name, ref):
     """The whole layer (projections, conv, gates, norms, op) against NumPy loops."""
     cfg, f = build(name)
     x = inputs(cfg, seed=4)
-    if name == "hedgehog":  # move W off the identity so the test sees it used
+    if name == "hedgehog":  # move W, b off their init so the test sees them used
         f = Functional(get_mixer(name)(cfg, rngs=nnx.Rngs(0)))
-        w = f.module.feature_map.kernel
-        w[...] = w[...] + 0.3 * jax.random.normal(jax.random.key(5), w[...].shape)
+        for i, w in enumerate([f.module.feature_map_q.kernel, f.module.feature_map_k.kernel,
+                               f.module.feature_map_q.bias, f.module.feature_map_k.bias]):
+            w[...] = w[...] + 0.3 * jax.random.normal(jax.random.key(5 + i), w[...].shape)
         f = Functional(f.module)
     np.testing.assert_allclose(f(x), ref(f.module, x), rtol=2e-4, atol=2e-5)
 
