@@ -1,8 +1,9 @@
 """AdamW with linear warmup + cosine decay, global-norm clipping and a weight-decay mask.
 
 Parameters are a flat dict {"path/to/param": array}; the mask is decided from the last
-path component (and, for embeddings, the parameter's logical axes), the way nanoGPT and
-most LM codebases exclude norms, biases and gates from weight decay.
+path component, the modules on the path (NO_DECAY_MODULES) and, for embeddings, the
+parameter's logical axes, the way nanoGPT and most LM codebases exclude norms, biases
+and gates from weight decay.
 """
 from __future__ import annotations
 
@@ -13,6 +14,10 @@ import optax
 # Parameter names never decayed: norm gains, biases, and the decay/step-size gates of
 # Mamba-style and gated-delta mixers (decaying them towards 0 changes the memory length).
 NO_DECAY_NAMES = frozenset({"scale", "bias", "A_log", "dt_bias"})
+# Modules none of whose parameters are decayed: Hedgehog's learned feature maps start at
+# the identity, and decay pulls them towards zero, i.e. towards a uniform map (the
+# paper's and fla's training applies none to them).
+NO_DECAY_MODULES = frozenset({"feature_map_q", "feature_map_k"})
 
 
 def lr_schedule(lr: float, steps: int, warmup_steps: int = 0, min_lr_ratio: float = 0.1):
@@ -33,7 +38,8 @@ def decay_mask(params: Mapping[str, object],
     mask = {}
     for name, value in params.items():
         leaf = name.rsplit("/", 1)[-1]
-        decay = leaf not in NO_DECAY_NAMES and getattr(value, "ndim", 2) >= 2
+        decay = (leaf not in NO_DECAY_NAMES and getattr(value, "ndim", 2) >= 2
+                 and not NO_DECAY_MODULES & set(name.split("/")))
         axes = logical_axes.get(name) or ()
         if decay and not decay_embeddings and len(axes) and axes[0] == "vocab":
             decay = False
