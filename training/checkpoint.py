@@ -18,6 +18,7 @@ Kept: the newest `keep` steps and, beside them, the step with the lowest eval lo
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pathlib
 import shutil
@@ -55,6 +56,28 @@ class CheckpointDamaged(ValueError):
 
 class CheckpointSaveFailed(RuntimeError):
     """Writing a checkpoint failed (a full disk, a lost mount): the run must stop."""
+
+
+class _DropOrbaxErrors(logging.Filter):
+    """Drops orbax's own log records of a failed save (each with its traceback, from
+    every background thread involved): the run reports the failure once, as
+    CheckpointSaveFailed."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not (record.levelno >= logging.ERROR
+                    and f"{os.sep}orbax{os.sep}" in (record.pathname or ""))
+
+
+@contextlib.contextmanager
+def one_line_save_errors():
+    """While inside, orbax's error records are not printed (absl's logger is process
+    wide, so the filter comes off again on the way out)."""
+    logger, drop = logging.getLogger("absl"), _DropOrbaxErrors()
+    logger.addFilter(drop)
+    try:
+        yield
+    finally:
+        logger.removeFilter(drop)
 
 
 def _first_line(error: BaseException) -> str:

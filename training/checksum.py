@@ -52,9 +52,16 @@ def checksums(tree, prefix: str = "") -> dict[str, str]:
              if hasattr(leaf, "dtype") and hasattr(leaf, "shape")]
     if not named:
         return {}
-    sums = jax.device_get(_fold_all([leaf for _, leaf in named]))
-    return {name: "".join(f"{int(w):08x}" for w in np.asarray(s))
-            for (name, _), s in zip(named, sums)}
+    sums = [_local(s) for s in _fold_all([leaf for _, leaf in named])]
+    return {name: "".join(f"{int(w):08x}" for w in s) for (name, _), s in zip(named, sums)}
+
+
+def _local(x) -> np.ndarray:
+    """A (replicated) result's value on this process: over several processes the
+    array is global and only this process's copy can be read."""
+    if getattr(x, "is_fully_replicated", False) and not x.is_fully_addressable:
+        return np.asarray(x.addressable_data(0))
+    return np.asarray(jax.device_get(x))
 
 
 def first_difference(saved: dict[str, str], read: dict[str, str]) -> str | None:

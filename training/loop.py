@@ -70,6 +70,7 @@ def _train(config, workdir: str) -> dict[str, Any]:
     with contextlib.ExitStack() as opened:
         if is_main:  # before anything is written: a second run on the workdir stops here
             opened.enter_context(workdir_lock.held(workdir))
+        opened.enter_context(checkpoint.one_line_save_errors())
         keep_best = bool(t_cfg.get("keep_best", True))
         ckpt = opened.enter_context(contextlib.closing(checkpoint.Checkpointer(
             workdir, keep=t_cfg.keep_checkpoints, async_save=t_cfg.async_checkpoints,

@@ -277,7 +277,8 @@ def test_explicit_disabled_wandb_wins_over_the_environment(monkeypatch, tmp_path
     assert logger.run is None and not (tmp_path / "wandb_id.txt").exists()
 
 
-def test_failed_save_stops_at_once_with_one_message(trained, tmp_path, monkeypatch):
+def test_failed_save_stops_at_once_with_one_message(trained, tmp_path, monkeypatch,
+                                                    caplog):
     """The checkpoint folder becomes unwritable during step 6 (a stand-in for a full disk
     or a lost mount): the run stops at that step, naming the save that failed. Once
     fixed, the same command carries on and ends with the reference's losses."""
@@ -303,6 +304,7 @@ def test_failed_save_stops_at_once_with_one_message(trained, tmp_path, monkeypat
     with pytest.raises(loop.TrainingError) as e:
         loop.train(tiny_config(**RUN), str(work))
     msg = str(e.value)
+    assert not [r for r in caplog.records if r.levelname == "ERROR"]  # no tracebacks
     # The save of step 4 may still be in flight when the folder goes (then it fails),
     # or done (then the save of 6, a new best eval, fails in the background): the run
     # stops at the step after the failure, not a checkpoint interval later.
