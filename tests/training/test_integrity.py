@@ -316,3 +316,64 @@ def test_failed_save_stops_at_once_with_one_message(trained, tmp_path, monkeypat
     shutil.move(str(hidden), str(ckdir))
     loop.train(tiny_config(**RUN), str(work))
     assert losses(work) == losses(trained[0])
+
+
+# ------------------------------------------------------------------------ property
+def test_random_documented_overrides_start_or_name_the_key():
+    """Random --config.KEY=VALUE from the documented keys, checked as train.py does
+    (types, then values, then the data and the model built): either all of it passes
+    or one ConfigError line names the key. Nothing here trains; a run that passes these
+    checks starts."""
+    hypothesis = pytest.importorskip("hypothesis")
+    st = hypothesis.strategies
+    from models.mixers import MIXERS
+    ints = st.integers(-2, 40).map(str)
+    values = {
+        "train.lr": st.floats(-1, 1, allow_nan=False).map(repr),
+        "train.steps": ints, "train.batch_size": ints, "train.log_every": ints,
+        "train.eval_every": ints, "train.eval_batches": ints,
+        "train.checkpoint_every": ints, "train.keep_checkpoints": ints,
+        "train.grad_accum": ints, "train.warmup_steps": ints,
+        "train.precision": st.sampled_from(["auto", "float32", "bfloat16", "float8"]),
+        "train.prng_impl": st.sampled_from(["threefry2x32", "unsafe_rbg", "philox"]),
+        "model.mixer": st.sampled_from(sorted(MIXERS) + ["mamba", ""]),
+        "model.num_heads": st.integers(-1, 5).map(str),
+        "model.d_model": st.sampled_from(["0", "16", "32", "48", "-8"]),
+        "model.num_layers": st.integers(-1, 3).map(str),
+        "data.seq_len": st.sampled_from(["0", "8", "16", "64"]),
+        "data.num_kv_pairs": st.sampled_from(["1", "2", "8", "[2,4]", "[0]", "[]", "x"]),
+        "data.random_non_queries": st.sampled_from(["true", "false", "maybe"]),
+        "data.val_fraction": st.sampled_from(["0.0", "0.1", "-0.5", "1.5"]),
+        "logging.wandb": st.sampled_from(["offline", "disabled", "online", "loud"]),
+    }
+    import ast
+
+    @hypothesis.settings(max_examples=100, deadline=None, database=None)
+    @hypothesis.given(st.dictionaries(st.sampled_from(sorted(values)), st.just(None),
+                                      min_size=1, max_size=4).flatmap(
+        lambda ks: st.fixed_dictionaries({k: values[k] for k in ks})))
+    def check(overrides):
+        config = tiny_config()
+        try:
+            config_tools.check_overrides(config, overrides)
+            typed = {}
+            for k, text in overrides.items():  # parsed as ml_collections' flags do
+                kind, _ = config_tools._field_type(config, k)
+                if kind is bool:
+                    typed[k] = text.lower() in ("true", "1", "yes")
+                elif kind is str:
+                    typed[k] = text
+                else:
+                    try:
+                        typed[k] = ast.literal_eval(text)
+                    except (ValueError, SyntaxError):  # a literal flag's string
+                        typed[k] = text
+            config_tools.set_values(config, typed)
+            config_tools.check_config(config)
+            loop._dataset_and_model_config(config)
+        except config_tools.ConfigError as e:
+            msg = str(e)
+            assert "\n" not in msg
+            leaves = {k.rsplit(".", 1)[-1] for k in overrides}
+            assert any(leaf in msg for leaf in leaves), (overrides, msg)
+    check()
