@@ -151,7 +151,7 @@ def running_max_features(logits, run, c0, *, eps: float = 0.0):
     """Causally stabilised key features and the log decay that keeps them exact.
 
     logits (B, T, H, F) float32; run (B, T) the run (document) index of each token, from 0
-    (kernels.common.run_ids); c0 (B, H) the running max carried in from an earlier call
+    (kernels.common.run_ids), or None for one document per row; c0 (B, H) the running max carried in from an earlier call
     (decode, chunked prefill), -inf for an empty state.
 
     c_t = max over the run's prefix s <= t (and c0 for run 0) of max_f l_s,f. The key at
@@ -169,12 +169,16 @@ def running_max_features(logits, run, c0, *, eps: float = 0.0):
     Returns (features (B, T, H, F), log_decay (B, T, H), c at the last token (B, H)).
     """
     top = jax.lax.stop_gradient(jnp.max(logits, axis=-1))           # (B, T, H)
-    c = _segmented_cummax(top, run)
-    c0 = jax.lax.stop_gradient(c0.astype(c.dtype))
-    c = jnp.where((run == 0)[..., None], jnp.maximum(c, c0[:, None]), c)
+    c0 = jax.lax.stop_gradient(c0.astype(top.dtype))
+    if run is None:  # one document: a plain cummax (the segmented scan compiles slowly)
+        c = jnp.maximum(jax.lax.cummax(top, axis=1), c0[:, None])
+        new_run = jnp.zeros(c.shape, bool)
+    else:
+        c = _segmented_cummax(top, run)
+        c = jnp.where((run == 0)[..., None], jnp.maximum(c, c0[:, None]), c)
+        new_run = jnp.concatenate([jnp.zeros_like(run[:, :1], bool),
+                                   run[:, 1:] != run[:, :-1]], axis=1)[..., None]
     c_prev = jnp.concatenate([c0[:, None], c[:, :-1]], axis=1)
-    new_run = jnp.concatenate([jnp.zeros_like(run[:, :1], bool), run[:, 1:] != run[:, :-1]],
-                              axis=1)[..., None]
     log_decay = jnp.where(new_run | ~jnp.isfinite(c_prev), 0.0, c_prev - c)
     return jnp.exp(logits - c[..., None]) + eps, log_decay, c[:, -1]
 

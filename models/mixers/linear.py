@@ -99,8 +99,8 @@ class _StabilisedExpAttention(FeatureMapAttention):
             initial_state = (s0, z0)
         ratio = self._ratio()
         q = ratio * fm.per_token_max_features(lq, eps=self.feature_eps)
-        k, log_decay, c = fm.running_max_features(lk, run_ids(segment_ids, b, t), c0,
-                                                  eps=self.feature_eps)
+        run = None if segment_ids is None else run_ids(segment_ids, b, t)
+        k, log_decay, c = fm.running_max_features(lk, run, c0, eps=self.feature_eps)
         res = ops.linear_attention(
             q, ratio * k, inputs["v"], normalize=True, eps=self.denominator_eps,
             log_decay=log_decay, segment_ids=segment_ids, initial_state=initial_state,

@@ -62,6 +62,12 @@ def packed_text_config(tmp_path, mixer):
 
 
 def check_calls(calls, mixer):
+    if mixer == mixers.PERFORMER:
+        # FAVOR+'s features stay float32 into the op (issue 17: a bfloat16 feature loses
+        # its low digits before the sums), and impl="auto" takes the chunk form for
+        # float32 inputs, where the Pallas kernels' IEEE float32 products are slower.
+        assert calls == [], calls
+        return
     op = "gated_delta_rule" if mixer in DELTA else "linear_attention"
     assert calls, f"{mixer}: no kernel call"
     assert {c[0] for c in calls} == {op}
