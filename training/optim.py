@@ -11,6 +11,8 @@ from typing import Mapping, Sequence
 
 import optax
 
+from models.layer_stack import LAYER_AXIS
+
 # Parameter names never decayed: norm gains, biases, and the decay/step-size gates of
 # Mamba-style and gated-delta mixers (decaying them towards 0 changes the memory length).
 NO_DECAY_NAMES = frozenset({"scale", "bias", "A_log", "dt_bias"})
@@ -38,9 +40,14 @@ def decay_mask(params: Mapping[str, object],
     mask = {}
     for name, value in params.items():
         leaf = name.rsplit("/", 1)[-1]
-        decay = (leaf not in NO_DECAY_NAMES and getattr(value, "ndim", 2) >= 2
+        axes = tuple(logical_axes.get(name) or ())
+        # A scanned model's stacked layer axis is not a dimension of the parameter: a
+        # stack of vectors (gains, biases) is still vectors, and stays undecayed.
+        ndim = getattr(value, "ndim", 2)
+        if axes[:1] == (LAYER_AXIS,):
+            ndim, axes = ndim - 1, axes[1:]
+        decay = (leaf not in NO_DECAY_NAMES and ndim >= 2
                  and not NO_DECAY_MODULES & set(name.split("/")))
-        axes = logical_axes.get(name) or ()
         if decay and not decay_embeddings and len(axes) and axes[0] == "vocab":
             decay = False
         mask[name] = decay
