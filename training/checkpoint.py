@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import os
 import pathlib
 import shutil
@@ -107,20 +108,15 @@ class Checkpointer:
                  keep_best: bool = True, read_only: bool = False):
         ocp = _ocp()
         self.directory = pathlib.Path(workdir).resolve() / CHECKPOINT_DIR
-        policy = None
-        if keep and keep > 0:
-            pp = ocp.checkpoint_managers
-            policy = pp.LatestN(n=keep)
-            if keep_best:
-                # Orbax sorts by the metric and keeps the tail: reverse puts the lowest
-                # loss last. Steps without an eval are the newest-N policy's to keep.
-                policy = pp.AnyPreservationPolicy([policy, pp.BestN(
-                    get_metric_fn=lambda m: float(m["eval_loss"]), reverse=True, n=1,
-                    keep_checkpoints_without_metrics=False)])
+        # Which steps stay is decided here (_prune), not by orbax's max_to_keep or
+        # preservation policies: orbax does not keep the eval losses of a run that was
+        # started again, so its best-N forgot the best step on every resume.
+        self._keep = int(keep) if keep and keep > 0 else 0
+        self._keep_best = keep_best
+        self._eval_loss: dict[int, float | None] = {}  # step -> its eval loss, as read
         self._manager = ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
-                preservation_policy=policy,
                 enable_async_checkpointing=async_save,
                 # Leftovers of a save that was killed; a reader (an evaluation while
                 # the run trains) must not take a save in flight for one.
@@ -171,13 +167,30 @@ class Checkpointer:
         """The kept step with the lowest eval loss (None: no step was saved with one)."""
         best = None
         for step in self.all_steps():
-            try:
-                loss = self.meta(step).get("eval_loss")
-            except CheckpointDamaged:
-                continue
-            if loss is not None and (best is None or float(loss) < best[0]):
-                best = (float(loss), step)
+            if step not in self._eval_loss:
+                try:
+                    loss = self.meta(step).get("eval_loss")
+                except CheckpointDamaged:
+                    continue
+                self._eval_loss[step] = None if loss is None else float(loss)
+            loss = self._eval_loss[step]
+            if loss is not None and (best is None or loss < best[0]):
+                best = (loss, step)
         return None if best is None else best[1]
+
+    def _prune(self) -> None:
+        """Deletes the steps that are neither among the newest `keep` nor the best;
+        called by `wait` once a save of this run is written."""
+        if not self._keep:
+            return
+        steps = sorted(self.all_steps())
+        kept = set(steps[-self._keep:])
+        if self._keep_best and (best := self.best_step()) is not None:
+            kept.add(best)
+        for step in steps:
+            if step not in kept:
+                self._manager.delete(step)
+                self._eval_loss.pop(step, None)
 
     # -- save / restore
     def save(self, step: int, params, opt_state, meta: Mapping[str, Any], *,
@@ -186,17 +199,20 @@ class Checkpointer:
         its meta; `eval_loss` ranks it for the kept best."""
         ocp = _ocp()
         # The previous save is finished by now (orbax waits for it anyway): a failure
-        # there is reported under its own step before this one begins.
+        # there is reported under its own step before this one begins; then the steps
+        # it made room for go.
         self.wait()
         meta = dict(meta, checksums={**checksum.checksums(params, "params"),
                                      **checksum.checksums(opt_state, "opt_state")})
-        if eval_loss is not None:
-            meta["eval_loss"] = float(eval_loss)
-        metrics = None if eval_loss is None else {"eval_loss": float(eval_loss)}
+        # A non-finite eval ranks nowhere (and JSON has no NaN).
+        loss = None if eval_loss is None or not math.isfinite(eval_loss) else float(eval_loss)
+        if loss is not None:
+            meta["eval_loss"] = loss
         self._saving, self._in_flight = int(step), True
+        self._eval_loss[int(step)] = loss
         try:
             return self._manager.save(
-                int(step), force=force, metrics=metrics,
+                int(step), force=force,
                 args=ocp.args.Composite(params=ocp.args.StandardSave(params),
                                         opt_state=ocp.args.StandardSave(opt_state),
                                         meta=ocp.args.JsonSave(meta)))
@@ -209,11 +225,11 @@ class Checkpointer:
         reports a failed finalize only to whoever waits)."""
         try:
             self._manager.check_for_errors()
-            if self._in_flight and not self._manager.is_saving_in_progress():
-                self._manager.wait_until_finished()
-                self._in_flight = False
+            running = self._manager.is_saving_in_progress()
         except Exception as e:
             raise self._save_failed(e) from e
+        if self._in_flight and not running:
+            self.wait()
 
     def _save_failed(self, error: BaseException) -> CheckpointSaveFailed:
         self._failed = True
@@ -318,11 +334,16 @@ class Checkpointer:
         return target
 
     def wait(self):
+        """Until the save in flight is written; then the steps it made room for go
+        (only then: a save that fails deletes nothing, and a run that has not saved,
+        such as one still choosing the step to resume from, prunes nothing)."""
         try:
             self._manager.wait_until_finished()
-            self._in_flight = False
         except Exception as e:
             raise self._save_failed(e) from e
+        if self._in_flight:
+            self._in_flight = False
+            self._prune()
 
     def close(self):
         """Waits for saves in flight, then closes. A save failure already reported is

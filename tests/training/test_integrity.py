@@ -134,15 +134,24 @@ def test_best_step_is_the_lowest_eval_loss_and_loads(trained):
 
 
 def test_best_is_kept_beside_the_newest(tmp_path):
-    """keep 1: the newest step and, beside it, the lowest eval loss, though older."""
+    """keep 1: the newest step and, beside it, the lowest eval loss, though older; also
+    after the run is started again (the losses are read back from the steps)."""
     import jax.numpy as jnp
     import optax
     params = {"w": jnp.arange(6.0)}
     opt = optax.adam(1e-3).init(params)
-    ck = checkpoint.Checkpointer(tmp_path, keep=1, async_save=False)
-    for step, loss in [(1, 3.0), (2, 1.0), (3, None), (4, 2.0), (5, None)]:
+    ck = checkpoint.Checkpointer(tmp_path, keep=1)
+    for step, loss in [(1, 3.0), (2, 1.0), (3, None), (4, 2.0)]:
         ck.save(step, params, opt, {"step": step}, force=True, eval_loss=loss)
-    assert ck.all_steps() == [2, 5] and ck.best_step() == 2
+    ck.wait()
+    assert ck.all_steps() == [2, 4] and ck.best_step() == 2
+    ck.close()
+    ck = checkpoint.Checkpointer(tmp_path, keep=1)
+    for step, loss in [(5, None), (6, 1.5), (7, float("nan"))]:
+        ck.save(step, params, opt, {"step": step}, force=True, eval_loss=loss)
+    ck.close()
+    ck = checkpoint.Checkpointer(tmp_path, keep=1, read_only=True)
+    assert ck.all_steps() == [2, 7] and ck.best_step() == 2
     ck.close()
 
 
