@@ -208,7 +208,9 @@ class ModelConfig:
 #    existed no feature-map mixer had a conv (False is also today's default; stated here so
 #    a later change of the default cannot silently change old checkpoints).
 #    performer_redraw_every: 0, the fixed init draw every Performer trained with before
-#    redraw existed (a resume of such a run keeps its features); performer_qk_norm: False.
+#    redraw existed (evaluating such a checkpoint builds that model; resuming its training
+#    from a configs file takes the file's value, so pass performer_redraw_every=0 to keep
+#    its features); performer_qk_norm: False.
 #  - layer_pattern letters: before mixer names, a pattern was one "L" (cfg.mixer) or "S"
 #    (softmax) per layer; expand_layer_pattern still reads that form, as that model.
 SAVED_DEFAULTS: dict[str, Any] = {"short_conv": False, "performer_redraw_every": 0,

@@ -332,3 +332,16 @@ def test_weight_decay_mask_excludes_the_hedgehog_maps():
         "feature_map_k/bias"}
     assert not any(mask[n] for n in maps)
     assert all(mask[n] for n in params if n.endswith(("q_proj/kernel", "o_proj/kernel")))
+
+
+def test_old_performer_configs_keep_their_fixed_features():
+    """A config.json from before redraw existed builds the fixed-feature Performer it
+    trained (SAVED_DEFAULTS), while a new config redraws (google-research's default)."""
+    from models.config import ModelConfig
+    old = ModelConfig.from_dict({"mixer": "performer", "d_model": 32})
+    assert old.performer_redraw_every == 0 and not old.performer_qk_norm
+    assert ModelConfig(mixer="performer").performer_redraw_every == 1
+    with pytest.raises(ValueError, match="performer_redraw_every"):
+        ModelConfig(performer_redraw_every=4)
+    with pytest.raises(ValueError, match="hedgehog_map"):
+        ModelConfig(hedgehog_map="relu")
