@@ -151,8 +151,9 @@ def running_max_features(logits, run, c0, *, eps: float = 0.0):
     """Causally stabilised key features and the log decay that keeps them exact.
 
     logits (B, T, H, F) float32; run (B, T) the run (document) index of each token, from 0
-    (kernels.common.run_ids), or None for one document per row; c0 (B, H) the running max carried in from an earlier call
-    (decode, chunked prefill), -inf for an empty state.
+    (kernels.common.run_ids), or None for one document per row; c0 (B, H) the running
+    max carried in from an earlier call (decode, chunked prefill), -inf for an empty
+    state.
 
     c_t = max over the run's prefix s <= t (and c0 for run 0) of max_f l_s,f. The key at
     s is written as phi_s = exp(l_s - c_s) + eps <= 1 + eps and every state is kept

@@ -63,7 +63,14 @@ class _StabilisedExpAttention(FeatureMapAttention):
     kernels.ops.linear_attention (parallel, recurrent, chunk; Pallas, which takes a
     (B, T, H) log decay too, for 16-bit inputs only, so these float32 features take the
     chunk form under impl="auto") gives the same exact, causal result, and no exponent
-    exceeds 0 whatever the head dim and input scale. _phi passes q and k through."""
+    exceeds 0 whatever the head dim and input scale. _phi passes q and k through.
+
+    The limit of one shift per head: a query whose largest features meet only keys far
+    below the prefix's largest (the maximum set by another key, on other features) gets
+    a normaliser that can fall under float32's range; FAVOR+'s feature eps then floors it
+    (as google-research's does), the eps-free exp form reads a shrunken output. A
+    per-feature running max would remove that, but needs a per-feature (GLA-style)
+    decay, which kernels.ops.linear_attention does not take."""
 
     feature_eps = 0.0  # added to every feature after the shift
     # kernels.ops.linear_attention's eps, o = num / (den + eps). The shifts make den as
