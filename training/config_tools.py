@@ -266,6 +266,8 @@ def check_config(config) -> None:
 RESUME_KEYS = ("train.seed", "train.prng_impl", "train.lr", "train.min_lr_ratio",
                "train.warmup_steps", "train.steps", "train.batch_size")
 RESUME_SECTIONS = ("data.",)
+# Where a cache lives changes no data.
+RESUME_FREE = ("data.cache_dir",)
 CONFIG_HISTORY = "config_history.jsonl"
 
 
@@ -276,7 +278,8 @@ def resume_changes(saved: Mapping | None, config) -> dict[str, tuple]:
         return {}
     old, new = flat_keys(saved), flat_keys(to_plain(config))
     return {k: (old[k], new[k]) for k in sorted(set(old) & set(new))
-            if (k in RESUME_KEYS or k.startswith(RESUME_SECTIONS)) and old[k] != new[k]}
+            if (k in RESUME_KEYS or k.startswith(RESUME_SECTIONS)) and k not in RESUME_FREE
+            and old[k] != new[k]}
 
 
 def check_resume(saved: Mapping | None, config, workdir: str | os.PathLike, step: int, *,

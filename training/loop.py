@@ -153,13 +153,15 @@ class _EarlyStop:
         saved = saved or {}
         self.limit = limit
         self.best = math.inf if saved.get("best") is None else float(saved["best"])
+        self.best_step = saved.get("best_step")
         self.since_best = int(saved.get("since_best", 0))
         self.stopped = bool(saved.get("stopped"))
 
-    def update(self, eval_loss: float) -> bool:
-        """Counts one evaluation; True when the run is to stop now."""
+    def update(self, eval_loss: float, step: int | None = None) -> bool:
+        """Counts one evaluation (of the parameters after `step` updates); True when the
+        run is to stop now."""
         if eval_loss < self.best:
-            self.best, self.since_best = eval_loss, 0
+            self.best, self.since_best, self.best_step = eval_loss, 0, step
         else:
             self.since_best += 1
         self.stopped = self.limit > 0 and self.since_best >= self.limit
@@ -167,7 +169,8 @@ class _EarlyStop:
 
     def saved(self) -> dict:
         return {"best": None if math.isinf(self.best) else self.best,
-                "since_best": self.since_best, "stopped": self.stopped}
+                "best_step": self.best_step, "since_best": self.since_best,
+                "stopped": self.stopped}
 
 
 @dataclasses.dataclass
@@ -467,8 +470,9 @@ def _evaluate_for_early_stop(state: _State, steps: runtime.Steps, feed: _Feed,
     sinks.record(entry)
     sinks.progress.write(f"step {state.step}: eval_loss {entry['eval_loss']:.4f}, "
                          f"eval_accuracy {entry['eval_accuracy']:.4f}")
-    if not state.early.update(entry["eval_loss"]):
+    if not state.early.update(entry["eval_loss"], state.step):
         return False, entry["eval_loss"]
     sinks.progress.write(f"step {state.step}: no new best eval_loss in {state.early.limit} "
-                         f"evaluations (best {state.early.best:.4f}); stopping early")
+                         f"evaluations (best {state.early.best:.4f} at step "
+                         f"{state.early.best_step}); stopping early")
     return True, entry["eval_loss"]

@@ -133,6 +133,20 @@ def test_best_step_is_the_lowest_eval_loss_and_loads(trained):
     assert step == best
 
 
+def test_early_stopping_keeps_and_names_the_best_step(tmp_path, capsys):
+    """lr 0: the eval loss never improves on the first eval (step 2), so patience 2
+    stops the run at step 6; with keep_checkpoints 1 the kept steps are 6 (the newest)
+    and 2 (the best), and the best is what step='best' loads."""
+    kw = {"train.lr": 0.0, "train.eval_every": 2, "train.early_stop_patience": 2,
+          "train.checkpoint_every": 4, "train.keep_checkpoints": 1}
+    result = loop.train(tiny_config(**kw), str(tmp_path))
+    assert result["step"] == 6 and result["best_step"] == 2
+    assert "at step 2); stopping early" in capsys.readouterr().out
+    assert steps_on_disk(tmp_path) == [2, 6]
+    _, _, _, step = checkpoint.load_for_eval(tmp_path, step=checkpoint.BEST)
+    assert step == 2
+
+
 def test_best_is_kept_beside_the_newest(tmp_path):
     """keep 1: the newest step and, beside it, the lowest eval loss, though older; also
     after the run is started again (the losses are read back from the steps)."""
