@@ -38,6 +38,8 @@ CHECKPOINT_DIR = "checkpoints"
 DAMAGED_DIR = "checkpoints_damaged"
 # The name load_for_eval (and the eval commands' --step) take for the kept best step.
 BEST = "best"
+# What every step holds, one folder each.
+ITEMS = ("params", "opt_state", "meta")
 # Model keys that change how a model is computed, not what it is: a run may resume with
 # other values (e.g. bfloat16 compute or remat to save memory). ModelConfig marks them.
 RUNTIME_MODEL_KEYS = ModelConfig.runtime_keys()
@@ -59,21 +61,26 @@ class CheckpointSaveFailed(RuntimeError):
     """Writing a checkpoint failed (a full disk, a lost mount): the run must stop."""
 
 
-class _DropOrbaxErrors(logging.Filter):
-    """Drops orbax's own log records of a failed save (each with its traceback, from
-    every background thread involved): the run reports the failure once, as
-    CheckpointSaveFailed."""
+class _DropOrbaxRecords(logging.Filter):
+    """Drops orbax's own log records from `level` up: a failed save logs a traceback
+    from every background thread involved, a damaged step a warning per file it
+    misses; the run reports each once, as CheckpointSaveFailed or CheckpointDamaged."""
+
+    def __init__(self, level: int):
+        super().__init__()
+        self.level = level
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not (record.levelno >= logging.ERROR
+        return not (record.levelno >= self.level
                     and f"{os.sep}orbax{os.sep}" in (record.pathname or ""))
 
 
 @contextlib.contextmanager
-def one_line_save_errors():
-    """While inside, orbax's error records are not printed (absl's logger is process
-    wide, so the filter comes off again on the way out)."""
-    logger, drop = logging.getLogger("absl"), _DropOrbaxErrors()
+def orbax_records_hidden(level: int = logging.ERROR):
+    """While inside, orbax's records from `level` up are not printed (absl's logger is
+    process wide, so the filter comes off again on the way out). WARNING while a step
+    to resume from is chosen: reading a damaged one is expected there."""
+    logger, drop = logging.getLogger("absl"), _DropOrbaxRecords(level)
     logger.addFilter(drop)
     try:
         yield
@@ -114,7 +121,16 @@ class Checkpointer:
         self._keep = int(keep) if keep and keep > 0 else 0
         self._keep_best = keep_best
         self._eval_loss: dict[int, float | None] = {}  # step -> its eval loss, as read
-        self._manager = ocp.CheckpointManager(
+        # Listing the steps warns about each damaged one's files; the step is named
+        # once when it is read (CheckpointDamaged), so those warnings are not shown.
+        with orbax_records_hidden(logging.WARNING):
+            self._manager = self._open_manager(ocp, read_only, async_save)
+        self._saving: int | None = None  # the step of the save in flight, for messages
+        self._failed = False  # a save failure was raised once already
+        self._in_flight = False  # a save was begun and its end not yet collected
+
+    def _open_manager(self, ocp, read_only: bool, async_save: bool):
+        return ocp.CheckpointManager(
             self.directory,
             options=ocp.CheckpointManagerOptions(
                 enable_async_checkpointing=async_save,
@@ -125,9 +141,6 @@ class Checkpointer:
             item_handlers={"params": ocp.StandardCheckpointHandler(),
                            "opt_state": ocp.StandardCheckpointHandler(),
                            "meta": ocp.JsonCheckpointHandler()})
-        self._saving: int | None = None  # the step of the save in flight, for messages
-        self._failed = False  # a save failure was raised once already
-        self._in_flight = False  # a save was begun and its end not yet collected
 
     # -- queries
     def latest_step(self) -> int | None:
@@ -139,9 +152,21 @@ class Checkpointer:
     def step_path(self, step: int) -> pathlib.Path:
         return self.directory / str(int(step))
 
+    def _check_items(self, step: int) -> None:
+        """CheckpointDamaged, in words, for a step folder that is empty or lacks an
+        item's folder (orbax would say KeyError: 'Unknown key')."""
+        path = self.step_path(step)
+        present = {p.name for p in path.iterdir()} if path.is_dir() else set()
+        if not present:
+            raise CheckpointDamaged(step, path, "the folder is empty")
+        missing = [item for item in ITEMS if item not in present]
+        if missing:
+            raise CheckpointDamaged(step, path, f"its {', '.join(missing)} folder is missing")
+
     def meta(self, step: int) -> dict:
         """The step's JSON record; CheckpointDamaged when it cannot be read."""
         ocp = _ocp()
+        self._check_items(step)
         try:
             meta = self._manager.restore(
                 step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
@@ -154,6 +179,7 @@ class Checkpointer:
 
     def param_shapes(self, step: int) -> dict[str, tuple]:
         """{name: shape} as saved; CheckpointDamaged when the metadata cannot be read."""
+        self._check_items(step)
         try:
             tree = self._manager.item_metadata(step)["params"]
             tree = getattr(tree, "tree", tree)
@@ -330,7 +356,8 @@ class Checkpointer:
         if jax.process_count() > 1:
             from jax.experimental import multihost_utils
             multihost_utils.sync_global_devices(f"set_aside_{int(step)}")
-        self._manager.reload()
+        with orbax_records_hidden(logging.WARNING):
+            self._manager.reload()
         return target
 
     def wait(self):
@@ -398,16 +425,18 @@ def load_for_eval(workdir: str | os.PathLike, step: int | str | None = None):
         device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
         abstract = {k: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=device)
                     for k, v in current.items()}
-        for i, step in enumerate(candidates):
-            try:
-                ckpt.check_compatible(step, {k: v.shape for k, v in current.items()},
-                                      config.model.to_dict())
-                params, _, _ = param_layout.restore(ckpt, step, abstract)
-                break
-            except CheckpointDamaged as e:
-                if i + 1 == len(candidates):
-                    raise
-                print(f"{e}; using step {candidates[i + 1]}", file=sys.stderr, flush=True)
+        with orbax_records_hidden(logging.WARNING):  # a damaged step is named below
+            for i, step in enumerate(candidates):
+                try:
+                    ckpt.check_compatible(step, {k: v.shape for k, v in current.items()},
+                                          config.model.to_dict())
+                    params, _, _ = param_layout.restore(ckpt, step, abstract)
+                    break
+                except CheckpointDamaged as e:
+                    if i + 1 == len(candidates):
+                        raise
+                    print(f"{e}; using step {candidates[i + 1]}", file=sys.stderr,
+                          flush=True)
     finally:
         ckpt.close()
     nnx.update(model, nnx.State.from_flat_path(

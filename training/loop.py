@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import logging
 import math
 import signal
 import sys
@@ -70,7 +71,7 @@ def _train(config, workdir: str) -> dict[str, Any]:
     with contextlib.ExitStack() as opened:
         if is_main:  # before anything is written: a second run on the workdir stops here
             opened.enter_context(workdir_lock.held(workdir))
-        opened.enter_context(checkpoint.one_line_save_errors())
+        opened.enter_context(checkpoint.orbax_records_hidden())
         keep_best = bool(t_cfg.get("keep_best", True))
         ckpt = opened.enter_context(contextlib.closing(checkpoint.Checkpointer(
             workdir, keep=t_cfg.keep_checkpoints, async_save=t_cfg.async_checkpoints,
@@ -202,11 +203,14 @@ def _restore_or_init(ckpt, model: runtime.Model, layout: runtime.Layout, patienc
     damaged = []
     for step in candidates:
         try:
-            ckpt.check_compatible(step, model.shapes, model_section)
-            # In the checkpoint's layout, converted if scan_layers changed (param_layout).
-            params, opt_state, meta = param_layout.restore(
-                ckpt, step, _placed(model.params, layout.params),
-                _placed(model.opt_state, layout.opt_state))
+            # Orbax's warnings about a damaged step's files: it is named below instead.
+            with checkpoint.orbax_records_hidden(logging.WARNING):
+                ckpt.check_compatible(step, model.shapes, model_section)
+                # In the checkpoint's layout, converted if scan_layers changed
+                # (param_layout).
+                params, opt_state, meta = param_layout.restore(
+                    ckpt, step, _placed(model.params, layout.params),
+                    _placed(model.opt_state, layout.opt_state))
         except checkpoint.CheckpointDamaged as e:
             damaged.append(e)
             continue
