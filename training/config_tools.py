@@ -1,4 +1,5 @@
-"""Config plumbing: load a config file, check command-line overrides, save and reload.
+"""Config plumbing: load a config file, check command-line overrides and values, save
+and reload, and refuse a resume that would change the run's losses (check_resume).
 
 An experiment config is an `ml_collections.ConfigDict` returned by `get_config()` in a
 Python file under configs/. It is locked, so a misspelled key fails; this module turns
