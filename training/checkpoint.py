@@ -18,6 +18,7 @@ Kept: the newest `keep` steps and, beside them, the step with the lowest eval lo
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import math
 import os
@@ -77,15 +78,54 @@ class _DropOrbaxRecords(logging.Filter):
 
 @contextlib.contextmanager
 def orbax_records_hidden(level: int = logging.ERROR):
-    """While inside, orbax's records from `level` up are not printed (absl's logger is
-    process wide, so the filter comes off again on the way out). WARNING while a step
+    """While inside, orbax's records from `level` up are not printed, nor the leftovers
+    of its failed reads and writes (absl's logger is process wide, so the filter comes
+    off again on the way out). WARNING while a step
     to resume from is chosen: reading a damaged one is expected there."""
     logger, drop = logging.getLogger("absl"), _DropOrbaxRecords(level)
     logger.addFilter(drop)
     try:
-        yield
+        with _orbax_leftovers_hidden():
+            yield
     finally:
         logger.removeFilter(drop)
+
+
+def _from_orbax(unraisable) -> bool:
+    """An orbax read or write that failed leaves coroutines and event-loop callbacks
+    behind, which Python reports as 'Exception ignored' tracebacks when collected."""
+    marks = (f"{os.sep}orbax{os.sep}", f"{os.sep}asyncio{os.sep}")
+    code = getattr(unraisable.object, "cr_code", None)
+    if code is not None and any(m in code.co_filename for m in marks):
+        return True
+    tb = unraisable.exc_traceback
+    while tb is not None:
+        if any(m in tb.tb_frame.f_code.co_filename for m in marks):
+            return True
+        tb = tb.tb_next
+    return False
+
+
+@contextlib.contextmanager
+def _orbax_leftovers_hidden():
+    """While inside, and for the garbage collected on the way out, the leftovers of
+    orbax's failed reads and writes are not printed (the run names the step once, as
+    CheckpointDamaged or CheckpointSaveFailed); anything else goes to the previous
+    hook. sys.unraisablehook is process wide, so it is put back on the way out."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        if not _from_orbax(unraisable):
+            previous(unraisable)
+
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        try:
+            gc.collect()
+        finally:
+            sys.unraisablehook = previous
 
 
 def _first_line(error: BaseException) -> str:
@@ -324,7 +364,8 @@ class Checkpointer:
         if abstract_opt_state is not None:
             items["opt_state"] = ocp.args.StandardRestore(abstract_opt_state)
         try:
-            out = self._manager.restore(int(step), args=ocp.args.Composite(**items))
+            with _orbax_leftovers_hidden():
+                out = self._manager.restore(int(step), args=ocp.args.Composite(**items))
         except Exception as e:
             raise CheckpointDamaged(step, self.step_path(step),
                                     f"its arrays cannot be read ({_first_line(e)})") from e
