@@ -80,8 +80,8 @@ class _DropOrbaxRecords(logging.Filter):
 def orbax_records_hidden(level: int = logging.ERROR):
     """While inside, orbax's records from `level` up are not printed, nor the leftovers
     of its failed reads and writes (absl's logger is process wide, so the filter comes
-    off again on the way out). WARNING while a step
-    to resume from is chosen: reading a damaged one is expected there."""
+    off again on the way out). WARNING while a step to resume from is chosen: reading
+    a damaged one is expected there."""
     logger, drop = logging.getLogger("absl"), _DropOrbaxRecords(level)
     logger.addFilter(drop)
     try:
