@@ -73,7 +73,9 @@ def test_group_period():
     assert layer_stack.scan_shape(["l"] * 4, False) is None
 
 
-@pytest.mark.parametrize("case", sorted(CASES))
+# gated_deltanet alone is slow-marked: the hybrid case scans it too (beside softmax).
+@pytest.mark.parametrize("case", ["hybrid", "softmax",
+                                  pytest.param("gated_deltanet", marks=pytest.mark.slow)])
 def test_scanned_forward_and_grads_equal_unrolled(case):
     kw = CASES[case]
     a, b = _pair(**kw)
@@ -108,8 +110,10 @@ def _no_remat_reference():
 
 
 # Scanned under every policy; the unrolled path (test_lm checks its "full") under one.
-@pytest.mark.parametrize("policy,scan", [("full", True), ("save_dots", True),
-                                         ("save_all_dots", True), ("save_dots", False)])
+@pytest.mark.parametrize("policy,scan", [
+    ("full", True), ("save_dots", True),
+    pytest.param("save_all_dots", True, marks=pytest.mark.slow),
+    pytest.param("save_dots", False, marks=pytest.mark.slow)])
 def test_remat_policies_same_loss_and_grads(policy, scan):
     tok, (l0, g0) = _no_remat_reference()
     m = LanguageModel(tiny_config(remat_policy=policy, scan_layers=scan, **_REMAT),
