@@ -1,8 +1,9 @@
 """NNX model <-> the pure arrays that training jits over.
 
 `nnx.split(model, nnx.Param, ...)` gives (graphdef, params, rest). Training keeps params as
-a flat dict {"layers/0/mixer/q_proj/kernel": array}: easy to shard by name, to mask for
-weight decay, to checkpoint, and to compare against a checkpoint with readable names.
+a flat dict {"blocks/0/mixer/q_proj/kernel": array} ("scan_blocks/0/..." stacked by layer
+when scan_layers; models.layer_stack): easy to shard by name, to mask for weight decay, to
+checkpoint, and to compare against a checkpoint with readable names.
 `rest` holds non-trainable state, chiefly the RNG streams of dropout (and random-feature
 maps). It is not carried from step to step: each step re-keys its RNG streams from
 (seed, step), so dropout is a pure function of the step and resume is exact without
