@@ -3,6 +3,7 @@
 import pytest
 
 from models import MIXERS, ModelConfig
+from models.mixers import PARTS
 from models import flops as model_flops
 from training import flops
 
@@ -14,7 +15,10 @@ def test_loop_flops_are_the_models_count_for_every_mixer(name):
     cfg = ModelConfig(d_model=64, num_heads=2, num_layers=2, mixer=name)
     n, t = 10_000, 128
     got = flops.train_flops_per_token(n, cfg.to_dict(), t, cfg.layer_mixers())
-    assert got == model_flops.train_flops_per_token(cfg, n, t) > 6 * n  # mixing counted
+    assert got == model_flops.train_flops_per_token(cfg, n, t)
+    # Token mixing beyond the weights is counted, but for the convolution parts (base_conv,
+    # gated_conv), whose every multiply-add is one of a weight's.
+    assert got == 6 * n if name in PARTS else got > 6 * n
     assert flops.mfu(1000.0, got, 1, 1e10) == pytest.approx(1000.0 * got / 1e10)
 
 
