@@ -16,15 +16,34 @@ import numpy as np
 from flax import nnx
 
 
-def load_run(workdir: str):
-    """(model, config, dataset, step) of a trained run; a clear error if it is missing."""
+STEP_HELP = ("Which checkpoint: 'latest' (the newest that passes its checks), 'best' "
+             "(the kept step with the lowest eval loss) or a step number.")
+
+
+def parse_step(text: str | int | None) -> int | str | None:
+    """The --step flag: None for 'latest', 'best', or a step number; else a clear error."""
+    if text is None or isinstance(text, int):
+        return text
+    text = str(text).strip().lower()
+    if text in ("", "latest"):
+        return None
+    if text == "best":
+        return "best"
+    if text.isdigit():
+        return int(text)
+    raise ValueError(f"--step={text!r}: use 'latest', 'best' or a step number")
+
+
+def load_run(workdir: str, step: int | str | None = None):
+    """(model, config, dataset, step) of a trained run at `step` (parse_step's values);
+    a clear error if it is missing."""
     if not os.path.isdir(workdir):
         raise FileNotFoundError(
             f"workdir {workdir!r} does not exist: pass the --workdir a train.py run wrote "
             "(python train.py --config=configs/NAME.py --workdir=DIR)")
     from training.checkpoint import load_for_eval  # downstream of training, by design
 
-    return load_for_eval(workdir)
+    return load_for_eval(workdir, parse_step(step))
 
 
 def make_logits_fn(model: nnx.Module) -> Callable[..., jax.Array]:

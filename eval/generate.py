@@ -106,8 +106,8 @@ def generate(model: nnx.Module, prompt: np.ndarray, max_new_tokens: int, *,
 
 
 def run(workdir: str, prompt: str, max_new_tokens: int, temperature: float = 0.8,
-        top_k: int = 0, seed: int = 0) -> dict[str, Any]:
-    model, config, dataset, step = common.load_run(workdir)
+        top_k: int = 0, seed: int = 0, step: int | str | None = None) -> dict[str, Any]:
+    model, config, dataset, step = common.load_run(workdir, step)
     ids = dataset.tokenizer.encode(prompt)
     if not ids:
         raise ValueError("--prompt encodes to no tokens: pass a non-empty --prompt")
@@ -127,7 +127,8 @@ def main(argv):
     del argv
     from absl import flags
     f = flags.FLAGS
-    r = run(f.workdir, f.prompt, f.max_new_tokens, f.temperature, f.top_k, f.seed)
+    r = run(f.workdir, f.prompt, f.max_new_tokens, f.temperature, f.top_k, f.seed,
+            step=f.step)
     print(r["prompt"] + r["text"])
     print(f"\n[{r['new_tokens']} tokens, {r['tokens_per_s']:.1f} tokens/s decode, "
           f"prefill {r['prefill_s'] * 1e3:.1f} ms, decode state {r['state_bytes']:,} "
@@ -146,4 +147,5 @@ if __name__ == "__main__":
     flags.DEFINE_integer("top_k", 0,
                          "Sample from the k most likely tokens only; 0 keeps all.")
     flags.DEFINE_integer("seed", 0, "Random seed of the sampler.")
+    flags.DEFINE_string("step", "latest", common.STEP_HELP)
     app.run(main)

@@ -119,8 +119,9 @@ def file_batches(pattern: str, encode: Callable[[str], list], seq_len: int,
 
 
 def run(workdir: str, files: str | None = None, batch_size: int = 16,
-        num_batches: int = 50, progress: bool = True) -> dict[str, Any]:
-    model, config, dataset, step = common.load_run(workdir)
+        num_batches: int = 50, progress: bool = True,
+        step: int | str | None = None) -> dict[str, Any]:
+    model, config, dataset, step = common.load_run(workdir, step)
     stats_fn = common.token_stats_fn(common.make_logits_fn(model))
     if files:
         seq_len = int(cfg_get(config, "data.seq_len"))
@@ -137,7 +138,7 @@ def main(argv):
     del argv
     from absl import flags
     f = flags.FLAGS
-    result = run(f.workdir, f.files, f.batch_size, f.num_batches)
+    result = run(f.workdir, f.files, f.batch_size, f.num_batches, step=f.step)
     common.print_json(result)
 
 
@@ -151,4 +152,5 @@ if __name__ == "__main__":
     flags.DEFINE_integer("batch_size", 16, "Sequences per batch.")
     flags.DEFINE_integer("num_batches", 50,
                          "Held-out batches to evaluate (ignored with --files).")
+    flags.DEFINE_string("step", "latest", common.STEP_HELP)
     app.run(main)

@@ -186,10 +186,11 @@ def niah_grid(stats_fn, config, dataset, *, lengths: Sequence[int] | None = None
 
 # ----------------------------------------------------------------------------- CLI
 def run(workdir: str, task: str, *, seq_lens=(64, 128, 256, 512), num_examples: int = 0,
-        batch_size: int = 32, length_multiples=(1, 2, 4, 8), num_depths: int = 6) -> dict:
+        batch_size: int = 32, length_multiples=(1, 2, 4, 8), num_depths: int = 6,
+        step: int | str | None = None) -> dict:
     if task not in ("mqar", "niah"):
         raise ValueError(f"--task={task!r}: choose mqar or niah")
-    model, config, dataset, step = common.load_run(workdir)
+    model, config, dataset, step = common.load_run(workdir, step)
     stats_fn = common.token_stats_fn(common.make_logits_fn(model))
     num_examples = num_examples or (256 if task == "mqar" else 32)
     if task == "mqar":
@@ -220,7 +221,7 @@ def main(argv):
     f = flags.FLAGS
     result = run(f.workdir, f.task, seq_lens=_ints(f.seq_lens), num_examples=f.num_examples,
                  batch_size=f.batch_size, length_multiples=_ints(f.length_multiples),
-                 num_depths=f.num_depths)
+                 num_depths=f.num_depths, step=f.step)
     common.print_json(result)
 
 
@@ -239,4 +240,5 @@ if __name__ == "__main__":
     flags.DEFINE_integer("num_examples", 0,
                          "Examples per MQAR setting / NIAH cell (0: 256 / 32).")
     flags.DEFINE_integer("batch_size", 32, "Examples per forward pass.")
+    flags.DEFINE_string("step", "latest", common.STEP_HELP)
     app.run(main)

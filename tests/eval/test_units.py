@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from eval import generate, perplexity, recall, report
+from eval import common, generate, perplexity, recall, report
 
 
 class CharCodec:
@@ -279,3 +279,10 @@ def test_recall_scatter_draws_reference_points(monkeypatch, tmp_path):
                          for r in refs}
         measured = [line for line in ax.get_lines() if line.get_marker() == "o"]
         assert len(measured) == 1 and list(measured[0].get_ydata()) == [0.5, 0.6]
+
+
+def test_step_flag_values():
+    assert common.parse_step("latest") is None and common.parse_step(None) is None
+    assert common.parse_step("best") == "best" and common.parse_step("12") == 12
+    with pytest.raises(ValueError, match="--step='newest'"):
+        common.parse_step("newest")

@@ -149,6 +149,12 @@ def test_best_step_is_the_lowest_eval_loss_and_loads(trained):
     assert result["best_step"] == best
     _, _, _, step = checkpoint.load_for_eval(workdir, step=checkpoint.BEST)
     assert step == best
+    # The eval commands' --step=best reaches it too (and --step=N that step).
+    from eval import perplexity
+    for flag, want in (("best", best), (str(min(evals)), min(evals))):
+        got = perplexity.run(str(workdir), num_batches=1, batch_size=2, progress=False,
+                             step=flag)
+        assert got["step"] == want
 
 
 def test_early_stopping_keeps_and_names_the_best_step(tmp_path, capsys):
