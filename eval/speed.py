@@ -31,37 +31,37 @@ def at_shape(config, batch: int, seq_len: int):
 
 
 def jitted_train_step(config, dataset):
-    """(the jitted train step, params, optimizer state, batch sharding) of a train.py
-    config, set up by training.runtime as the training loop sets it up: the same mesh,
-    shardings, optimizer, donation and train step (training.step.make_train_step)."""
+    """(the compiled steps (runtime.Steps: .train, .key(s), .feature_key(s)), params,
+    optimizer state, batch sharding) of a train.py config, set up by training.runtime as
+    the training loop sets it up: the same mesh, shardings, optimizer, donation and train
+    step (training.step.make_train_step)."""
     mesh = runtime.make_mesh(config)
     model_cfg = builders.build_model_config(config, dataset)
     model, layout = runtime.describe_model(config, model_cfg, mesh)
     params, opt_state, rest = runtime.init_fresh(model, layout)
     steps = runtime.compile_steps(model, rest, layout, config.train, mesh, dataset.packed)
-    return steps.train, params, opt_state, layout.batch
+    return steps, params, opt_state, layout.batch
 
 
 def train_step_time(config, batch: int, seq_len: int, steps: int = 5) -> dict[str, float]:
     """Seconds per train.py step at (batch, seq_len) of a train.py config. The step of
-    timed call s takes the pipeline's batch s and dropout key fold_in(seed, s), as step s
-    of a training run does; call 0 is the warm-up."""
+    timed call s takes the pipeline's batch s and the keys of step s (dropout, random
+    features), as step s of a training run does; call 0 is the warm-up."""
     config = at_shape(config, batch, seq_len)
     config_tools.check_config(config)
     t = config.train
     with jax.default_prng_impl(t.get("prng_impl", "threefry2x32")):
         dataset = builders.build_dataset(config)
-        step, params, opt_state, batch_sh = jitted_train_step(config, dataset)
+        run, params, opt_state, batch_sh = jitted_train_step(config, dataset)
         batches = [shd.global_batch(dataset.batch(s, batch), batch_sh)
                    for s in range(steps + 1)]
-        base_key = jax.random.key(int(t.seed))
-        keys = [jax.random.fold_in(base_key, s) for s in range(steps + 1)]
-        compiled = step.lower(params, opt_state, batches[0], keys[0]).compile()
+        keys = [(run.key(s), run.feature_key(s)) for s in range(steps + 1)]
+        compiled = run.train.lower(params, opt_state, batches[0], *keys[0]).compile()
         params, opt_state, m = jax.block_until_ready(
-            compiled(params, opt_state, batches[0], keys[0]))
+            compiled(params, opt_state, batches[0], *keys[0]))
         t0 = time.perf_counter()
         for s in range(1, steps + 1):
-            params, opt_state, m = compiled(params, opt_state, batches[s], keys[s])
+            params, opt_state, m = compiled(params, opt_state, batches[s], *keys[s])
         jax.block_until_ready(m)
     step_s = (time.perf_counter() - t0) / steps
     return {"step_s": step_s, "tokens_per_s": batch * seq_len / step_s,

@@ -53,10 +53,11 @@ class ModelConfig:
     feature_map: str = "elu"       # `linear`: elu, relu, identity, dpfp (2 d features)
     based_feature_dim: int = 16    # Based: q, k projected to this many dims per head
     num_random_features: int = 256  # performer
-    # Performer: redraw omega every step while training (1, as google-research's
-    # make_fast_softmax_attention, redraw_features=True), keyed by (seed, step) through
-    # the model's RNG streams so a resume is exact; 0 keeps the draw made at init.
-    # Evaluation and decoding always use the init draw.
+    # Performer: while training, redraw omega every N steps (1, the default: every step,
+    # as google-research's make_fast_softmax_attention, redraw_features=True); each
+    # layer's omega is a pure function of (seed, layer, step // N)
+    # (training.runtime.Steps.feature_key), so a resume is exact; 0 keeps the draw made at
+    # init. Evaluation and decoding always use the init draw.
     performer_redraw_every: int = _runtime(1)
     performer_qk_norm: bool = False  # L2-normalised q, k times a learned temperature
     hedgehog_map: str = "softmax"  # "softmax" (fla's map) or "exp" (the paper's)
@@ -134,9 +135,9 @@ class ModelConfig:
             fail("impl", f"choose one of {IMPLS}")
         if self.feature_map not in FEATURE_MAPS:
             fail("feature_map", f"choose one of {FEATURE_MAPS}")
-        if self.performer_redraw_every not in (0, 1):
-            fail("performer_redraw_every", "choose 0 (the init draw) or 1 (every step); "
-                 "every N > 1 steps needs the step index inside the train step")
+        if self.performer_redraw_every < 0:
+            fail("performer_redraw_every", "choose 0 (the init draw) or N >= 1 (new "
+                 "features every N training steps)")
         if self.hedgehog_map not in ("softmax", "exp"):
             fail("hedgehog_map", "choose 'softmax' (fla's) or 'exp' (the paper's)")
         if self.remat_policy not in REMAT_POLICIES:

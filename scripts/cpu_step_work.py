@@ -54,18 +54,19 @@ def main(argv=None):
     config_tools.check_config(config)
     batch, seq_len = config.train.batch_size, config.data.seq_len
     dataset = builders.build_dataset(config)
-    step, params, opt_state, batch_sh = speed.jitted_train_step(config, dataset)
+    steps, params, opt_state, batch_sh = speed.jitted_train_step(config, dataset)
+    step = steps.train
     data = shd.global_batch(dataset.batch(0, batch), batch_sh)
-    key = jax.random.key(0)
+    key = (steps.key(0), steps.feature_key(0))
     t0 = time.process_time()
-    compiled = step.lower(params, opt_state, data, key).compile()
+    compiled = step.lower(params, opt_state, data, *key).compile()
     compile_s = time.process_time() - t0
     for _ in range(3):
-        params, opt_state, metrics = compiled(params, opt_state, data, key)
+        params, opt_state, metrics = compiled(params, opt_state, data, *key)
     jax.block_until_ready(metrics)
     t0 = time.process_time()
     for _ in range(args.steps):
-        params, opt_state, metrics = compiled(params, opt_state, data, key)
+        params, opt_state, metrics = compiled(params, opt_state, data, *key)
     jax.block_until_ready(metrics)
     ms = (time.process_time() - t0) / args.steps * 1e3
     print(f"{' '.join(args.overrides) or 'defaults'}: {ms:.1f} CPU ms/step, compile "

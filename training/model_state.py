@@ -6,8 +6,8 @@ when scan_layers; models.layer_stack): easy to shard by name, to mask for weight
 checkpoint, and to compare against a checkpoint with readable names.
 `rest` holds non-trainable state, chiefly the RNG streams of dropout (and random-feature
 maps). It is not carried from step to step: each step re-keys its RNG streams from
-(seed, step), so dropout is a pure function of the step and resume is exact without
-saving RNG counters.
+(seed, step), and the random-feature streams from (seed, step // N), so dropout and the
+features are pure functions of the step and resume is exact without saving RNG counters.
 """
 from __future__ import annotations
 
@@ -97,27 +97,38 @@ def init_sharded(make_model: Callable[[], nnx.Module], param_shardings: dict,
     return jax.jit(init, out_shardings=(param_shardings, rest_shardings))()
 
 
-def rekey(rest: nnx.State, key) -> nnx.State:
-    """A copy of `rest` whose RNG streams are keyed from `key` (one per stream, by path).
+# The attribute under which a mixer keeps the RNG stream it redraws random features from
+# (models.mixers.linear.Performer.feature_rngs). Its streams take rekey's feature_key, so
+# the features can change on their own schedule (every N steps), apart from dropout.
+FEATURE_STREAM = "feature_rngs"
+
+
+def rekey(rest: nnx.State, key, feature_key=None) -> nnx.State:
+    """A copy of `rest` whose RNG streams are keyed from `key` (one per stream, by path),
+    and the random-feature streams (FEATURE_STREAM) from `feature_key` (default `key`).
 
     A scanned model's layer streams are stacked ("scan_blocks/j/...", one key per
     repeat): repeat r gets the key of the unrolled model's stream of the same layer
-    ("blocks/{r * period + j}/..."), so dropout does not depend on scan_layers and a run
-    may resume in the other layout with the same masks."""
+    ("blocks/{r * period + j}/..."), so dropout and features do not depend on scan_layers
+    and a run may resume in the other layout with the same masks."""
     flat = list(rest.flat_state())
     period = layer_stack.stacked_period([path_name(p) for p, _ in flat])
+    feature_key = key if feature_key is None else feature_key
 
-    def keyed(name):
-        return jax.random.fold_in(key, zlib.crc32(name.encode()) & 0x7FFFFFFF)
+    def keyed(path, name):
+        is_feature = FEATURE_STREAM in path_name(path).split("/")
+        base = feature_key if is_feature else key
+        return jax.random.fold_in(base, zlib.crc32(name.encode()) & 0x7FFFFFFF)
 
     def fix(path, variable):
         if isinstance(variable, nnx.RngKey):
             name = path_name(path)
             shape = variable.get_value().shape
             if not shape:
-                return variable.replace(keyed(name))
+                return variable.replace(keyed(path, name))
             return variable.replace(jnp.stack(
-                [keyed(layer_stack.unrolled_name(name, r, period)) for r in range(shape[0])]))
+                [keyed(path, layer_stack.unrolled_name(name, r, period))
+                 for r in range(shape[0])]))
         if isinstance(variable, nnx.RngCount):
             return variable.replace(jnp.zeros_like(variable.value))
         return variable

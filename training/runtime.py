@@ -36,6 +36,7 @@ class Model(NamedTuple):
     opt_state: Any        # the optimizer state's tree of jax.ShapeDtypeStruct
     tx: optax.GradientTransformation
     schedule: Callable[[int], Any]
+    redraw_every: int     # model.performer_redraw_every: steps per random-feature draw
 
 
 class Layout(NamedTuple):
@@ -58,7 +59,7 @@ def describe_model(config, model_cfg, mesh) -> tuple[Model, Layout]:
                                    transform_non_params=lambda _: repl,
                                    is_leaf=lambda x: isinstance(x, jax.ShapeDtypeStruct))
     model = Model(make, graphdef, template, names, logical, shapes, params, opt_state, tx,
-                   schedule)
+                  schedule, int(model_cfg.performer_redraw_every))
     return model, Layout(param_sh, opt_sh, repl, shd.batch_sharding(mesh))
 
 
@@ -71,13 +72,24 @@ def init_fresh(model: Model, layout: Layout) -> tuple[dict, Any, Any]:
 
 
 class Steps(NamedTuple):
-    """The compiled steps and the run's base key (step s trains with fold_in(key, s))."""
+    """The compiled steps and the run's base key: step s trains with
+    train(params, opt_state, batch, key(s), feature_key(s))."""
     train: Callable
     eval: Callable
     base_key: Any
+    redraw_every: int = 1
 
     def key(self, step: int):
+        """Step s's key (dropout): fold_in(base, s)."""
         return jax.random.fold_in(self.base_key, step)
+
+    def feature_key(self, step: int):
+        """Step s's random-feature key: fold_in(base, s // N) for a redraw every N steps,
+        so the features change only when s // N does and are a pure function of (seed,
+        layer, s // N) (rekey folds in each layer's stream name); resume is exact. N = 1
+        gives key(s), the features that every-step redraw always drew. The stream names
+        keep these apart from dropout's keys of the same index. N = 0 draws none."""
+        return jax.random.fold_in(self.base_key, step // max(self.redraw_every, 1))
 
 
 def compile_steps(model: Model, rest, layout: Layout, t_cfg, mesh, packed: bool) -> Steps:
@@ -89,10 +101,10 @@ def compile_steps(model: Model, rest, layout: Layout, t_cfg, mesh, packed: bool)
     train_step = jax.jit(step_fns.make_train_step(parts, model.tx, t_cfg.grad_accum, mesh,
                                                   packed),
                          in_shardings=(layout.params, layout.opt_state, layout.batch,
-                                       layout.replicated),
+                                       layout.replicated, layout.replicated),
                          out_shardings=(layout.params, layout.opt_state, layout.replicated),
                          donate_argnums=(0, 1))
     eval_step = jax.jit(step_fns.make_eval_step(parts, packed),
                         in_shardings=(layout.params, layout.batch),
                         out_shardings=layout.replicated)
-    return Steps(train_step, eval_step, jax.random.key(int(t_cfg.seed)))
+    return Steps(train_step, eval_step, jax.random.key(int(t_cfg.seed)), model.redraw_every)

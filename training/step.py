@@ -1,4 +1,4 @@
-"""The train and eval steps: pure functions of (params, optimizer state, batch, key).
+"""The train and eval steps: pure functions of (params, optimizer state, batch, keys).
 
 Both train.py's loop and eval/speed.py build their step here, so the speed table times the
 step that training runs. The functions are not jitted: the caller jits them with its own
@@ -45,27 +45,29 @@ def make_train_step(parts: model_state.ModelParts, tx, grad_accum: int, mesh,
         model is given the batch's segment_ids only then.
 
     Returns:
-      step(params, opt_state, batch, rng) -> (params, opt_state, metrics), where rng is
-      the step's key (dropout is keyed by it and the microbatch index) and metrics is
+      step(params, opt_state, batch, rng, feature_rng) -> (params, opt_state, metrics),
+      where rng is the step's key (dropout is keyed by it and the microbatch index),
+      feature_rng the key of the step's random features (Performer's redraw;
+      runtime.Steps.feature_key: one per redraw period) and metrics is
       {"loss": mean masked cross-entropy, "grad_norm": global gradient norm, "finite":
       True when loss, gradients and new parameters are all finite}.
     """
 
-    def summed(p, batch, rng):
+    def summed(p, batch, rng, feature_rng):
         # The model is merged inside its own jit (inlined by XLA): NNX lets a model mutate
         # Variables (RNG counters, remat's write-back) only in the trace that created them.
-        rest = model_state.rekey(parts.rest, rng)
+        rest = model_state.rekey(parts.rest, rng, feature_rng)
         s, n, c = loss_sums(parts.merge(p, rest), batch, deterministic=False, packed=packed)
         return s, (n, c)
     summed_grad = jax.value_and_grad(jax.jit(summed), has_aux=True)
 
-    def grads_of(params, batch, rng):
-        (s, (n, _)), g = summed_grad(params, batch, rng)
+    def grads_of(params, batch, rng, feature_rng):
+        (s, (n, _)), g = summed_grad(params, batch, rng, feature_rng)
         return s, n, g
 
-    def step(params, opt_state, batch, rng):
+    def step(params, opt_state, batch, rng, feature_rng):
         if grad_accum == 1:
-            loss_sum, count, grads = grads_of(params, batch, rng)
+            loss_sum, count, grads = grads_of(params, batch, rng, feature_rng)
         else:
             # Microbatch i takes rows i, i+A, i+2A...: every device keeps a share of each.
             def split(x):
@@ -80,7 +82,10 @@ def make_train_step(parts: model_state.ModelParts, tx, grad_accum: int, mesh,
             def body(carry, xs):
                 s_acc, n_acc, g_acc = carry
                 mb, i = xs
-                s, n, g = grads_of(params, mb, jax.random.fold_in(rng, i))
+                # Dropout differs per microbatch; the random features do not: every
+                # microbatch of a step uses the step's draw, so the gradient is that of
+                # one big batch with those features, whatever grad_accum is.
+                s, n, g = grads_of(params, mb, jax.random.fold_in(rng, i), feature_rng)
                 return (s_acc + s, n_acc + n, jax.tree.map(jnp.add, g_acc, g)), None
             (loss_sum, count, grads), _ = jax.lax.scan(
                 body, (jnp.zeros(()), jnp.zeros(()), zeros),

@@ -131,9 +131,10 @@ class Performer(_StabilisedExpAttention):
 
     Features: omega is drawn at init from the params stream and kept as a Buffer, which
     evaluation, prefill and decode use; while training (deterministic=False) with
-    cfg.performer_redraw_every = 1 a fresh omega is drawn every call from the layer's own
-    RNG stream, which training re-keys from (seed, step) every step
-    (training.model_state.rekey), so a resumed run draws the same features.
+    cfg.performer_redraw_every = N >= 1 a fresh omega is drawn every call from the
+    layer's own RNG stream (`feature_rngs`), which training re-keys every step from
+    (seed, step // N) (training.model_state.rekey's feature_key), so the draw changes
+    every N steps and a resumed run draws the same features.
 
     cfg.performer_qk_norm: q, k L2-normalised per head and scaled by sqrt(tau), tau a
     learned per-head temperature (log_temperature, init log sqrt(d): the scale of
@@ -153,7 +154,7 @@ class Performer(_StabilisedExpAttention):
                 jnp.full((self.num_heads,), 0.5 * math.log(self.head_dim), jnp.float32),
                 sharding_names=("heads",), eager_sharding=False)
         # Built only when redrawing, so a fixed-feature model keeps its state as before.
-        self.redraw = cfg.performer_redraw_every == 1
+        self.redraw = cfg.performer_redraw_every >= 1
         if self.redraw:
             self.feature_rngs = rngs["features"].fork()
 

@@ -32,9 +32,9 @@ def test_train_speed_times_the_training_step_on_pipeline_batches(tmp_path, monke
         made.append(args)
         inner = real_make(*args, **kwargs)
 
-        def traced_step(params, opt_state, batch, rng):
+        def traced_step(params, opt_state, batch, *keys):
             traced.append({k: tuple(v.shape) for k, v in batch.items()})
-            return inner(params, opt_state, batch, rng)
+            return inner(params, opt_state, batch, *keys)
         return traced_step
 
     def recording_global(batch, sharding_):

@@ -81,9 +81,9 @@ def test_traced_train_step_calls_the_pallas_kernels_on_gpu(mixer, monkeypatch, t
     config = packed_text_config(tmp_path, mixer)
     with jax.default_prng_impl(config.train.prng_impl):
         dataset = builders.build_dataset(config)
-        step, params, opt_state, batch_sharding = speed.jitted_train_step(config, dataset)
+        steps, params, opt_state, batch_sharding = speed.jitted_train_step(config, dataset)
         batch = shd.global_batch(dataset.batch(0, config.train.batch_size), batch_sharding)
-        step.trace(params, opt_state, batch, jax.random.key(0))
+        steps.train.trace(params, opt_state, batch, steps.key(0), steps.feature_key(0))
     check_calls(calls, mixer)
 
 
