@@ -44,6 +44,24 @@ ITEMS = ("params", "opt_state", "meta")
 # Model keys that change how a model is computed, not what it is: a run may resume with
 # other values (e.g. bfloat16 compute or remat to save memory). ModelConfig marks them.
 RUNTIME_MODEL_KEYS = ModelConfig.runtime_keys()
+# Keys that say which mixer each layer has. Several spellings mean the same layers (the old
+# letters "LLLS", "3*mixer,softmax", softmax_every=4; a pattern without "mixer" ignores
+# model.mixer), so a resume compares the layers they expand to (ModelConfig.layer_mixers),
+# not the strings.
+LAYOUT_KEYS = frozenset({"mixer", "layer_pattern", "softmax_every", "num_layers"})
+
+
+def layer_mixers(model_section: Mapping[str, Any]) -> list[str] | None:
+    """The per-layer mixer names a config's model section builds (None if it lacks mixer
+    or num_layers, or its layout keys do not make a valid model: the keys are then
+    compared as they are)."""
+    if not {"mixer", "num_layers"} <= set(model_section):
+        return None
+    keys = {k: model_section[k] for k in LAYOUT_KEYS if k in model_section}
+    try:
+        return ModelConfig.from_dict(keys).layer_mixers()
+    except (ValueError, TypeError):
+        return None
 
 
 class CheckpointMismatch(ValueError):
@@ -328,13 +346,7 @@ class Checkpointer:
                 old = self.meta(step).get("config", {}).get("model", {})
             except Exception:
                 old = {}
-            for key in sorted(set(old) & set(model_section) - RUNTIME_MODEL_KEYS):
-                if old[key] != model_section[key]:
-                    raise CheckpointMismatch(
-                        f"checkpoint at step {step} in {self.directory} was written with "
-                        f"model.{key}={old[key]!r}, but this config has model.{key}="
-                        f"{model_section[key]!r}; its parameters would be read as another model's. "
-                        f"Resume with the config it was written with, or use a fresh --workdir.")
+            self._check_same_model(step, old, model_section)
         if not problems:
             return
         hint = ""
@@ -353,6 +365,28 @@ class Checkpointer:
             f"checkpoint at step {step} in {self.directory} does not fit this model: "
             + "; ".join(problems[:3]) + more + "." + hint +
             " Resume with the config it was written with, or use a fresh --workdir.")
+
+    def _check_same_model(self, step: int, old: Mapping[str, Any],
+                          new: Mapping[str, Any]) -> None:
+        """CheckpointMismatch unless the saved and current model sections build the same
+        architecture: equal keys but the runtime ones, with the layout keys compared as
+        the per-layer mixers they expand to."""
+        old_layers, new_layers = layer_mixers(old), layer_mixers(new)
+        by_layers = old_layers is not None and new_layers is not None
+        skip = RUNTIME_MODEL_KEYS | (LAYOUT_KEYS if by_layers else frozenset())
+        fix = "Resume with the config it was written with, or use a fresh --workdir."
+        for key in sorted(set(old) & set(new) - skip):
+            if old[key] != new[key]:
+                raise CheckpointMismatch(
+                    f"checkpoint at step {step} in {self.directory} was written with "
+                    f"model.{key}={old[key]!r}, but this config has model.{key}="
+                    f"{new[key]!r}; its parameters would be read as another model's. {fix}")
+        if by_layers and old_layers != new_layers:
+            spelt = ", ".join(f"model.{k}={old[k]!r}" for k in sorted(LAYOUT_KEYS) if k in old)
+            raise CheckpointMismatch(
+                f"checkpoint at step {step} in {self.directory} has the layers "
+                f"{old_layers} ({spelt}), but this config builds {new_layers}; its "
+                f"parameters would be read as another model's. {fix}")
 
     def restore(self, step: int, abstract_params, abstract_opt_state=None):
         """(params, opt_state or None, meta), checked against the saved checksums;

@@ -77,3 +77,30 @@ def test_mismatch_names_the_parameter(tmp_path):
     # The right model passes.
     ck.check_compatible(1, {k: v.shape for k, v in params.items()})
     ck.close()
+
+
+def test_layouts_are_compared_as_the_layers_they_build(tmp_path):
+    """A resume whose layer pattern is spelt another way but builds the same layers is
+    accepted; one that builds other layers is refused, naming both."""
+    params, opt = _state()
+    shapes = {k: v.shape for k, v in params.items()}
+    saved = {"mixer": "linear", "num_layers": 4, "layer_pattern": "LLLS",
+             "softmax_every": 0, "d_model": 4}
+    ck = checkpoint.Checkpointer(tmp_path, async_save=False)
+    ck.save(1, params, opt, {"step": 1, "config": {"model": saved}}, force=True)
+    for same in ({"layer_pattern": "3*mixer,softmax"},
+                 {"layer_pattern": "linear,linear,linear,softmax", "mixer": "deltanet"},
+                 {"layer_pattern": "", "softmax_every": 4}):
+        ck.check_compatible(1, shapes, {**saved, **same})
+    with pytest.raises(checkpoint.CheckpointMismatch) as e:
+        ck.check_compatible(1, shapes, {**saved, "layer_pattern": "mixer,softmax"})
+    msg = str(e.value)
+    assert ("has the layers ['linear', 'linear', 'linear', 'softmax'] (model.layer_pattern="
+            "'LLLS'" in msg)
+    assert "this config builds ['linear', 'softmax', 'linear', 'softmax']" in msg
+    with pytest.raises(checkpoint.CheckpointMismatch, match="model.mixer='linear'"):
+        ck.check_compatible(1, shapes, {**saved, "layer_pattern": "3*mixer,softmax",
+                                        "mixer": "deltanet"})
+    with pytest.raises(checkpoint.CheckpointMismatch, match="model.d_model=4"):
+        ck.check_compatible(1, shapes, {**saved, "d_model": 8})  # other keys still count
+    ck.close()
