@@ -43,6 +43,10 @@ def get_config() -> ml_collections.ConfigDict:
         cache_dir=config_dict.placeholder(str),
         data_dir=config_dict.placeholder(str),
         eod=config_dict.placeholder(bool),
+        # source=store: a directory from `python -m data.prepare`; batches read ahead.
+        store=config_dict.placeholder(str),
+        prefetch=config_dict.placeholder(int),
+        verify_store=config_dict.placeholder(bool),
         # MQAR (data/mqar.py): an integer, or a list such as [2, 4] (each row draws one);
         # typed `object` so that the command line takes either.
         num_kv_pairs=config_dict.placeholder(object),

@@ -12,7 +12,7 @@ Config keys (`cfg_data` is any Mapping: a dict or an ml_collections ConfigDict;
 a key set to None counts as unset). Defaults in brackets.
 
 Common
-  source          files | hf | tfds | mqar | niah | mixture            [files]
+  source          files | hf | tfds | store | mqar | niah | mixture    [files]
   seq_len         tokens per row (inputs and targets)                  [256; mqar 64]
 
 Text (files, hf, tfds)
@@ -37,6 +37,15 @@ Text (files, hf, tfds)
                                                                         can meet in a row:
                                                                         packing=rows or
                                                                         more than one document]
+
+Token store (source=store; written by `python -m data.prepare`, see data/store.py)
+  store           the store directory
+  tokenizer       must name the store's tokenizer (checked)            [byte]
+  packing, val_fraction, seq_len   as for text; the batches equal the in-memory
+                  path's on the same corpus (data/store_dataset.py)
+  prefetch        training batches read ahead on a background thread
+                  (0: none; batches are the same either way)          [2]
+  verify_store    check every shard's sha256 when the run starts       [True]
 
 MQAR (source=mqar; Zoology's layout, see data/mqar.py)
   vocab_size      task vocabulary (keys [1,V/2), values [V/2,V))       [8192]
@@ -73,7 +82,7 @@ from typing import Mapping
 
 from data.base import BATCH_KEYS, Dataset, cfg_get
 
-SOURCES = ("files", "hf", "tfds", "mqar", "niah", "mixture")
+SOURCES = ("files", "hf", "tfds", "store", "mqar", "niah", "mixture")
 
 
 def build(cfg_data: Mapping, *, seed: int, tokenizer=None) -> Dataset:
@@ -86,6 +95,14 @@ def build(cfg_data: Mapping, *, seed: int, tokenizer=None) -> Dataset:
     if source in ("files", "hf", "tfds"):
         from data.text import TextDataset
         return TextDataset(cfg_data, seed=seed, tokenizer=tokenizer)
+    if source == "store":
+        from data.store_dataset import StoreDataset
+        ds = StoreDataset(cfg_data, seed=seed, tokenizer=tokenizer)
+        depth = int(cfg_get(cfg_data, "prefetch", 2))
+        if depth > 0:
+            from data.prefetch import Prefetched
+            ds = Prefetched(ds, depth)
+        return ds
     if source == "mqar":
         from data.mqar import MQARDataset
         return MQARDataset(cfg_data, seed=seed, tokenizer=tokenizer)

@@ -39,3 +39,17 @@ def step_rng(seed: int, step: int, split: str = "train", *extra: int) -> np.rand
 def derive_seed(seed: int, *path: int) -> int:
     """A child seed for a sub-dataset (e.g. a mixture component)."""
     return int(np.random.SeedSequence([int(seed), *map(int, path)]).generate_state(1)[0])
+
+
+def row_starts(seed: int, step: int, batch_size: int, split: str, n_rows: int,
+               seq_len: int) -> np.ndarray:
+    """`packing=rows`: the starts of batch `step`'s rows, rows at stride seq_len visited
+    in a fresh permutation each epoch (epoch e's drawn by rng([seed, e, 1]) for training),
+    so the order is a pure function of (seed, step) however many batches an epoch holds."""
+    flat = step * batch_size + np.arange(batch_size, dtype=np.int64)
+    epoch, pos = flat // n_rows, flat % n_rows
+    rows = np.empty_like(flat)
+    for e in np.unique(epoch):
+        perm = step_rng(seed, int(e), split, 1).permutation(n_rows)
+        rows[epoch == e] = perm[pos[epoch == e]]
+    return rows * seq_len

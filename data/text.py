@@ -19,7 +19,7 @@ import numpy as np
 from data import packing, sources
 from data import tokenizers as toks
 from data.base import Dataset, cfg_get
-from data.order import step_rng
+from data.order import row_starts, step_rng
 
 PACKINGS = ("random_windows", "rows")
 EOD = "<|eod|>"
@@ -118,19 +118,10 @@ class TextDataset(Dataset):
             rng = step_rng(self.seed, step, split)
             starts = rng.integers(0, len(stream) - self.seq_len, size=batch_size)
         else:
-            starts = self._row_starts(stream, step, batch_size, split)
+            starts = row_starts(self.seed, step, batch_size, split,
+                                packing.num_full_rows(len(stream), self.seq_len), self.seq_len)
         inputs, targets = packing.windows(stream, starts, self.seq_len)
         return packing.make_batch(inputs, targets, self.eod_id)
-
-    def _row_starts(self, stream, step, batch_size, split) -> np.ndarray:
-        n_rows = packing.num_full_rows(len(stream), self.seq_len)
-        flat = step * batch_size + np.arange(batch_size, dtype=np.int64)
-        epoch, pos = flat // n_rows, flat % n_rows
-        rows = np.empty_like(flat)
-        for e in np.unique(epoch):  # one permutation per epoch, a function of (seed, e)
-            perm = step_rng(self.seed, int(e), split, 1).permutation(n_rows)
-            rows[epoch == e] = perm[pos[epoch == e]]
-        return rows * self.seq_len
 
     def eval_batches(self, batch_size: int, num_batches: int | None = None) -> Iterator[dict]:
         """The held-out stream in order, every token scored once; the last batch is

@@ -195,7 +195,7 @@ _NON_NEGATIVE = {
     "train.early_stop_patience": " (0: never stop early)",
 }
 # Data sources whose held-out set is the tail of their text (data.val_fraction).
-_TEXT_SOURCES = ("files", "hf", "tfds")
+_TEXT_SOURCES = ("files", "hf", "tfds", "store")
 
 
 def _check_data(d) -> None:
@@ -267,8 +267,9 @@ def check_config(config) -> None:
 RESUME_KEYS = ("train.seed", "train.prng_impl", "train.lr", "train.min_lr_ratio",
                "train.warmup_steps", "train.steps", "train.batch_size")
 RESUME_SECTIONS = ("data.",)
-# Where a cache lives changes no data.
-RESUME_FREE = ("data.cache_dir",)
+# Where a cache lives, how far ahead batches are read and whether shards are hashed
+# change no data.
+RESUME_FREE = ("data.cache_dir", "data.prefetch", "data.verify_store")
 CONFIG_HISTORY = "config_history.jsonl"
 
 

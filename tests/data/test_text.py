@@ -107,7 +107,7 @@ def test_empty_file_error_names_the_path(tmp_path):
 
 
 def test_unknown_source_lists_valid_ones():
-    with pytest.raises(ValueError, match="files, hf, tfds, mqar, niah, mixture"):
+    with pytest.raises(ValueError, match="files, hf, tfds, store, mqar, niah, mixture"):
         data.build({"source": "csv"}, seed=0)
 
 

@@ -1,0 +1,67 @@
+"""Prefetch: the next training batches are read on a background thread.
+
+A batch is a pure function of (seed, step, split), so prefetching changes no batch:
+after `batch(s)` is asked for, batches s+1 .. s+depth are computed ahead on one worker
+thread (a bounded set of pending results, never more than `depth`), and a later
+`batch(s+1)` returns the ready result. A request for any other step (a resumed run, a
+jump) is computed directly and the window moves there, so the position is still only
+the step and nothing about the loader needs saving in a checkpoint. One thread is
+enough: the store's reads (os.preadv) and numpy's copies release the GIL, and a
+bounded window keeps memory at `depth` batches.
+"""
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+
+from data.base import Dataset
+
+
+class Prefetched(Dataset):
+    """`inner`'s batches, the next `depth` training batches computed ahead."""
+
+    def __init__(self, inner: Dataset, depth: int = 2):
+        if depth <= 0:
+            raise ValueError(f"data.prefetch must be positive to prefetch, got {depth}")
+        self.inner, self.depth = inner, int(depth)
+        self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="prefetch")
+        self._pending: dict[tuple, concurrent.futures.Future] = {}
+        self._lock = threading.Lock()  # batch() may be called from several threads
+
+    def __getattr__(self, name):  # tokenizer, seq_len, seed, eod_id, manifest, ...
+        if name == "inner":
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    @property
+    def packed(self) -> bool:
+        return self.inner.packed
+
+    @property
+    def vocab_size(self) -> int:
+        return self.inner.vocab_size
+
+    def _batch(self, step: int, batch_size: int, split: str) -> dict:
+        if split != "train":  # held-out batches are read once each: nothing to gain
+            return self.inner.batch(step, batch_size, split)
+        with self._lock:
+            fut = self._pending.pop((step, batch_size), None)
+            # Drop what this request passed by (a jump), keep the window ahead of it.
+            for key in [k for k in self._pending if not step < k[0] <= step + self.depth
+                        or k[1] != batch_size]:
+                self._pending.pop(key).cancel()
+            for s in range(step + 1, step + self.depth + 1):
+                if (s, batch_size) not in self._pending:
+                    self._pending[(s, batch_size)] = self._pool.submit(
+                        self.inner.batch, s, batch_size, "train")
+        return fut.result() if fut is not None else self.inner.batch(step, batch_size, split)
+
+    def eval_batches(self, *args, **kwargs):  # the inner dataset's own defaults
+        return self.inner.eval_batches(*args, **kwargs)
+
+    def close(self) -> None:
+        with self._lock:
+            for f in self._pending.values():
+                f.cancel()
+            self._pending.clear()
+        self._pool.shutdown(wait=True)

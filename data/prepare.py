@@ -1,0 +1,215 @@
+"""Tokenize local text files once into a token store (format: data/store.py).
+
+    python -m data.prepare --files='corpus/*.txt' --out=stores/corpus [--tokenizer=byte]
+
+Documents are the files' (or their paragraphs' / lines', --sample_by) in the order
+`data.files` reads them (each glob sorted), empty ones dropped as the in-memory path
+drops them. Shards close once they hold --shard_tokens tokens (a document is never
+split). Killed at any moment, the same command carries on: finished shards are kept
+(their files checked against their records), the documents they hold are skipped
+unread by the tokenizer, and the store that results is byte for byte the one an
+uninterrupted run writes. Rerun on a finished store, it checks it and exits.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import shutil
+import sys
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from data import sources
+from data import store as st
+from data import tokenizers as toks
+
+
+def iter_documents(paths: Sequence[str], sample_by: str, progress=None) -> Iterator[str]:
+    """The documents of `paths`, one file in memory at a time."""
+    if sample_by not in sources.SAMPLE_BY:
+        raise ValueError(f"--sample_by must be one of {sources.SAMPLE_BY}, got {sample_by!r}")
+    for path in paths:
+        text = pathlib.Path(path).read_text(encoding="utf-8")
+        for doc in sources._split_plain(text, sample_by):
+            if doc:
+                yield doc
+        if progress is not None:
+            progress.update(os.path.getsize(path))
+
+
+def build_tokenizer(name: str, paths: Sequence[str], sample_by: str, out: pathlib.Path,
+                    vocab_size: int | None, tokenizer_dir: str | None):
+    """The tokenizer to save beside the store; `char` and `sentencepiece` are trained on
+    the whole corpus, as the in-memory path trains them (char by one streaming pass;
+    SentencePiece holds the corpus's lines in memory while it trains)."""
+    if name == "char" and not (tokenizer_dir and
+                               (pathlib.Path(tokenizer_dir) / "char_vocab.json").exists()):
+        chars: set[str] = set()
+        for doc in iter_documents(paths, sample_by):
+            chars.update(doc)
+        return toks.CharTokenizer(sorted(chars))
+    if name == "sentencepiece":
+        if not vocab_size:
+            raise ValueError("--tokenizer=sentencepiece needs --vocab_size")
+        train_dir = tokenizer_dir or str(out / "sentencepiece")
+        return toks.build(name, list(iter_documents(paths, sample_by)),
+                          tokenizer_dir=train_dir, vocab_size=vocab_size)
+    return toks.build(name, None, tokenizer_dir=tokenizer_dir, vocab_size=vocab_size)
+
+
+def save_tokenizer(tokenizer, out: pathlib.Path) -> None:
+    cfg = tokenizer.to_config()
+    if cfg["kind"] == "sentencepiece":  # copied in, so the store travels as one folder
+        shutil.copyfile(cfg["model_file"], out / "tokenizer.model")
+        cfg = dict(cfg, model_file="tokenizer.model")
+    st.write_json(out / st.TOKENIZER, cfg)
+
+
+def finished_shards(out: pathlib.Path) -> list[dict]:
+    """The records of shards 0, 1, ... that are complete and intact; the first one that
+    is not ends the list and it and every later shard file are removed."""
+    done = []
+    while True:
+        name = st.shard_name(len(done))
+        rec_path = out / f"{name}.json"
+        if not rec_path.exists():
+            break
+        rec = st.read_json(rec_path, "shard record")
+        intact = all((out / rec[f"{k}_file"]).exists()
+                     and st.sha256_file(out / rec[f"{k}_file"]) == rec[f"{k}_sha256"]
+                     for k in ("tokens", "offsets"))
+        if not intact:
+            print(f"shard {name} is damaged; writing it again", file=sys.stderr)
+            break
+        done.append(rec)
+    for p in out.glob("shard_*"):
+        index = int(p.name.split("_")[1].split(".")[0])
+        if index >= len(done):
+            p.unlink()
+    return done
+
+
+def prepare(files, out, *, tokenizer: str = "byte", sample_by: str = "document",
+            shard_tokens: int = 1 << 26, vocab_size: int | None = None,
+            tokenizer_dir: str | None = None, max_shards: int | None = None,
+            progress: bool = True) -> dict | None:
+    """Writes (or finishes) the store in `out`; returns its manifest, or None when it
+    stopped after `max_shards` new shards (what a kill leaves, for tests)."""
+    if shard_tokens <= 0:
+        raise ValueError(f"--shard_tokens must be positive, got {shard_tokens}")
+    paths = sources.resolve_files(files)
+    out = pathlib.Path(os.path.expanduser(str(out)))
+    settings = {"files": paths, "tokenizer": tokenizer, "sample_by": sample_by,
+                "shard_tokens": int(shard_tokens), "vocab_size": vocab_size}
+    if (out / st.MANIFEST).exists():
+        directory, manifest = st.load_manifest(out)
+        _check_settings(out, manifest.get("settings"), settings)
+        for rec in manifest["shards"]:
+            st.open_shard(directory, rec, np.dtype(manifest["dtype"]), verify=True)
+        print(f"token store {out} is complete ({manifest['documents']} documents, "
+              f"{manifest['tokens']} tokens, {manifest['num_shards']} shards)", file=sys.stderr)
+        return manifest
+    out.mkdir(parents=True, exist_ok=True)
+    if (out / st.SETTINGS).exists():
+        _check_settings(out, st.read_json(out / st.SETTINGS, "settings"), settings)
+    else:
+        st.write_json(out / st.SETTINGS, settings)
+
+    if (out / st.TOKENIZER).exists():  # a resumed run keeps the tokenizer it trained
+        tok = toks.from_config(_absolute(st.read_json(out / st.TOKENIZER, "tokenizer"), out))
+    else:
+        tok = build_tokenizer(tokenizer, paths, sample_by, out, vocab_size, tokenizer_dir)
+        save_tokenizer(tok, out)
+        tok = toks.from_config(_absolute(st.read_json(out / st.TOKENIZER, "tokenizer"), out))
+    eod_id = int(tok.vocab_size)  # the id WithSpecials(tok, [EOD]) gives, as data.text
+    dtype = st.token_dtype(eod_id + 1)
+
+    records = finished_shards(out)
+    skip = sum(r["documents"] for r in records)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+        bar = tqdm(total=sum(os.path.getsize(p) for p in paths), unit="B", unit_scale=True,
+                   desc=f"tokenizing into {out.name}", file=sys.stderr)
+    written, docs, n_tokens, index = 0, [], 0, skip
+    encode = getattr(tok, "encode_array", None) or (lambda t: np.asarray(tok.encode(t), np.int64))
+    try:
+        for i, doc in enumerate(iter_documents(paths, sample_by, bar)):
+            if i < skip:
+                continue  # held by a finished shard: not tokenized again
+            ids = encode(doc)
+            docs.append(ids)
+            n_tokens += len(ids) + 1
+            if n_tokens >= shard_tokens:
+                if max_shards is not None and written >= max_shards:
+                    return None
+                records.append(st.write_shard(out, len(records), docs, eod_id, dtype, index))
+                index += len(docs)
+                written, docs, n_tokens = written + 1, [], 0
+        if docs:
+            if max_shards is not None and written >= max_shards:
+                return None
+            records.append(st.write_shard(out, len(records), docs, eod_id, dtype, index))
+    finally:
+        if bar is not None:
+            bar.close()
+    if not records:
+        raise ValueError(f"no text found in {paths}")
+    manifest = {"format": st.FORMAT, "version": st.VERSION, "settings": settings,
+                "tokenizer": st.tokenizer_identity(tok), "eod_id": eod_id,
+                "dtype": dtype.name, "num_shards": len(records),
+                "documents": sum(r["documents"] for r in records),
+                "tokens": sum(r["tokens"] for r in records), "shards": records}
+    st.write_json(out / st.MANIFEST, manifest)
+    for p in list(out.glob("shard_*.json")) + [out / st.SETTINGS]:
+        p.unlink()  # the manifest holds them now
+    print(f"wrote token store {out}: {manifest['documents']} documents, "
+          f"{manifest['tokens']} tokens, {len(records)} shards", file=sys.stderr)
+    return manifest
+
+
+def _absolute(cfg: dict, out: pathlib.Path) -> dict:
+    if cfg.get("kind") == "sentencepiece":
+        return dict(cfg, model_file=str(out / cfg["model_file"]))
+    return cfg
+
+
+def _check_settings(out: pathlib.Path, old: dict | None, new: dict) -> None:
+    if old != new:
+        diff = sorted(k for k in set(old or {}) | set(new) if (old or {}).get(k) != new.get(k))
+        raise st.StoreError(f"token store {out} was made with other settings ({', '.join(diff)} "
+                            f"differ: {', '.join(f'{k}={(old or {}).get(k)!r}' for k in diff)}); "
+                            "give the same arguments to finish it, or another --out")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m data.prepare", description=__doc__.split("\n\n")[0])
+    p.add_argument("--files", required=True, nargs="+", help="text files or globs")
+    p.add_argument("--out", required=True, help="the store directory")
+    p.add_argument("--tokenizer", default="byte",
+                   help="byte | char | sentencepiece | a Hugging Face name or path")
+    p.add_argument("--sample_by", default="document", choices=sources.SAMPLE_BY)
+    p.add_argument("--shard_tokens", type=int, default=1 << 26)
+    p.add_argument("--vocab_size", type=int, default=None, help="for sentencepiece")
+    p.add_argument("--tokenizer_dir", default=None,
+                   help="reuse a char_vocab.json / SentencePiece model found here")
+    p.add_argument("--max_shards", type=int, default=None,
+                   help="stop after this many new shards (as a kill would)")
+    p.add_argument("--no_progress", action="store_true")
+    a = p.parse_args(argv)
+    files = a.files[0] if len(a.files) == 1 else a.files
+    try:
+        prepare(files, a.out, tokenizer=a.tokenizer, sample_by=a.sample_by,
+                shard_tokens=a.shard_tokens, vocab_size=a.vocab_size,
+                tokenizer_dir=a.tokenizer_dir, max_shards=a.max_shards,
+                progress=not a.no_progress)
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
