@@ -55,10 +55,14 @@ def decay_mask(params: Mapping[str, object],
 
 
 def make_optimizer(train_cfg, params: Mapping[str, object],
-                   logical_axes: Mapping[str, Sequence[str | None] | None] | None = None):
-    """(optax transform, schedule) from the config's train section."""
-    schedule = lr_schedule(train_cfg.lr, train_cfg.steps, train_cfg.warmup_steps,
-                           train_cfg.min_lr_ratio)
+                   logical_axes: Mapping[str, Sequence[str | None] | None] | None = None,
+                   schedule=None):
+    """(optax transform, schedule) from the config's train section. schedule: the lr
+    schedule to use instead of the config's (population training passes one that picks
+    each member's own, so a member computes the lr its separate run would)."""
+    if schedule is None:
+        schedule = lr_schedule(train_cfg.lr, train_cfg.steps, train_cfg.warmup_steps,
+                               train_cfg.min_lr_ratio)
     parts = []
     if train_cfg.grad_clip and train_cfg.grad_clip > 0:
         parts.append(optax.clip_by_global_norm(train_cfg.grad_clip))

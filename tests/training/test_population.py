@@ -1,0 +1,86 @@
+"""Population training (training.population): every member's losses are those of a
+separate train.py run (training.loop.train) of the same lr and seed, through a stop and
+resume and through another member's early stop.
+
+The reference is the separate run itself. The tolerance is 1e-6 (float32): vmapping the
+step changes some reductions' order, which moves a loss of about 4 by at most two float32
+ulps (4.8e-7 each) over these runs; a resumed population is compared bitwise."""
+import pytest
+
+from tests.training.conftest import tiny_config
+from training import loop, metrics, population
+
+LRS, SEEDS = (1e-3, 3e-3), (0, 1)
+
+
+def losses(workdir):
+    return {e["step"]: e["loss"] for e in metrics.read_metrics(workdir) if "loss" in e}
+
+
+def evals(workdir):
+    return [(e["step"], e["eval_loss"]) for e in metrics.read_metrics(workdir)
+            if "eval_loss" in e]
+
+
+def member_dir(root, lr, seed):
+    return root / population.member_name(lr, seed)
+
+
+@pytest.fixture(scope="module")
+def full_population(tmp_path_factory):
+    root = tmp_path_factory.mktemp("population")
+    results = population.train_population(tiny_config(), root, LRS, SEEDS)
+    return root, results
+
+
+def test_members_equal_separate_runs(full_population, tmp_path):
+    root, results = full_population
+    assert [(r["lr"], r["seed"]) for r in results] == [(lr, s) for lr in LRS for s in SEEDS]
+    for r in results:
+        lr, seed = r["lr"], r["seed"]
+        ref_dir = tmp_path / f"sep_{lr}_{seed}"
+        ref = loop.train(tiny_config(**{"train.lr": lr, "train.seed": seed}), ref_dir)
+        expected, got = losses(ref_dir), losses(member_dir(root, lr, seed))
+        assert sorted(got) == sorted(expected) == list(range(1, 13))
+        gap = max(abs(got[s] - expected[s]) for s in expected)
+        assert gap <= 1e-6, (lr, seed, gap)
+        assert r["eval_loss"] == pytest.approx(ref["eval_loss"], abs=1e-6)
+        assert r["status"] == "done" and r["step"] == 12
+    # Members differ (their own seeds and lrs), so a mixed-up stream would show above.
+    firsts = {losses(member_dir(root, lr, s))[1] for lr in LRS for s in SEEDS}
+    assert len(firsts) == len(SEEDS)  # step 1 has lr 0 (warmup): its loss is the seed's
+
+
+def test_stop_and_resume_is_bitwise_the_uninterrupted_population(full_population, tmp_path):
+    root, _ = full_population
+    with pytest.raises(loop.Interrupted) as stopped:
+        population.train_population(tiny_config(), tmp_path, LRS, SEEDS, stop_at=6)
+    assert stopped.value.step == 6
+    for lr in LRS:
+        for s in SEEDS:
+            assert max(losses(member_dir(tmp_path, lr, s))) == 6
+    population.train_population(tiny_config(), tmp_path, LRS, SEEDS)
+    for lr in LRS:
+        for s in SEEDS:
+            assert losses(member_dir(tmp_path, lr, s)) == losses(member_dir(root, lr, s))
+            assert evals(member_dir(tmp_path, lr, s)) == evals(member_dir(root, lr, s))
+
+
+def test_early_stop_freezes_only_that_member(tmp_path):
+    # lr 0 never changes its parameters: its second evaluation is no new best, so with
+    # patience 1 it stops at step 8; the lr 3e-3 member trains on to step 12.
+    over = {"train.eval_every": 4, "train.early_stop_patience": 1}
+    results = population.train_population(tiny_config(**over), tmp_path / "pop",
+                                          (0.0, 3e-3), (0,))
+    stopped, going = results
+    assert (stopped["status"], stopped["step"]) == ("stopped early", 8)
+    assert (going["status"], going["step"]) == ("done", 12)
+    for r in results:
+        ref_dir = tmp_path / f"sep_{r['lr']}"
+        ref = loop.train(tiny_config(**over, **{"train.lr": r["lr"]}), ref_dir)
+        assert ref["step"] == r["step"]
+        expected, got = losses(ref_dir), losses(member_dir(tmp_path / "pop", r["lr"], 0))
+        assert sorted(got) == sorted(expected)
+        assert max(abs(got[s] - expected[s]) for s in expected) <= 1e-6
+        assert [s for s, _ in evals(member_dir(tmp_path / "pop", r["lr"], 0))] == \
+            [s for s, _ in evals(ref_dir)]

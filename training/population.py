@@ -1,0 +1,519 @@
+"""Population training: the runs of one config that differ only in lr and seed, trained
+together in one jitted program.
+
+    python -m training.population --config=configs/mqar.py --workdir=runs/pop \\
+        --lrs=1e-3,3e-3 --seeds=0,1,2 [--config.KEY=VALUE ...]
+
+Member (lr, seed) is the run `train.py --config.train.lr=lr --config.train.seed=seed`
+would be, and computes the same losses: it is initialised from its own seed, reads its
+own seed's data stream (dataset.batch(step) of data.build(seed)), keys dropout from
+(seed, step) and follows its own lr schedule. What is shared is the program: every
+member's parameters and optimizer state are stacked on a new leading axis and one
+jax.vmap of training.step's train step updates them all, so small models fill a GPU.
+
+Each member has a workdir of its own, WORKDIR/lr{lr}_seed{seed}/, laid out as train.py's
+(config.json, metrics.jsonl, checkpoints/): the eval commands and sweeps read a member as
+they read a run, and a member can even be carried on alone by train.py. All members that
+still train are saved at the same steps (when any one of them has to save), so a killed
+population resumes from one step that every member has. A member that stops early, or
+whose loss or parameters become non-finite, is frozen (its update masked off inside the
+step) while the others go on; a non-finite member is not saved after its last finite
+checkpoint (as train.py stops without saving) and is recorded in WORKDIR/population.json
+so that a resume leaves it out.
+"""
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import pathlib
+import signal
+import sys
+from typing import Any, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from training import (builders, checkpoint, config_tools, loop, metrics, model_state, optim,
+                      param_layout, runtime, workdir_lock)
+from training import sharding as shd
+from training import step as step_fns
+
+POPULATION_FILE = "population.json"
+
+
+class Member(NamedTuple):
+    """One (lr, seed) of the population: its config (train.lr and train.seed set) and
+    its train.py-style workdir."""
+    lr: float
+    seed: int
+    config: Any
+    workdir: pathlib.Path
+
+
+def member_name(lr: float, seed: int) -> str:
+    return f"lr{lr:g}_seed{seed}"
+
+
+def make_members(config, workdir, lrs: Sequence[float], seeds: Sequence[int]) -> list[Member]:
+    """Members in lr-major order (lrs[0] x seeds, then lrs[1] x seeds, ...)."""
+    if not lrs or not seeds:
+        raise config_tools.ConfigError("a population needs at least one lr and one seed")
+    pairs = [(float(lr), int(seed)) for lr in lrs for seed in seeds]
+    if len(set(pairs)) != len(pairs):
+        raise config_tools.ConfigError(f"lrs {list(lrs)} x seeds {list(seeds)} repeat a member")
+    members = []
+    for lr, seed in pairs:
+        c = config.copy_and_resolve_references()
+        config_tools.set_values(c, {"train.lr": lr, "train.seed": seed})
+        members.append(Member(lr, seed, c, pathlib.Path(workdir) / member_name(lr, seed)))
+    return members
+
+
+def train_population(config, workdir: str, lrs: Sequence[float], seeds: Sequence[int], *,
+                     stop_at: int | None = None) -> list[dict]:
+    """Trains (or resumes) the population in `workdir`; returns one result per member, in
+    make_members' order: train.py's final eval metrics plus lr, seed, workdir and
+    `status` ("done", "stopped early" or "diverged at step s").
+
+    stop_at: after this many steps save and raise loop.Interrupted, as a SIGTERM would
+    (a kill at a known step, for tests)."""
+    config_tools.check_config(config)
+    with jax.default_prng_impl(config.train.get("prng_impl", "threefry2x32")):
+        try:
+            return _train_population(config, pathlib.Path(workdir), lrs, seeds, stop_at)
+        except (checkpoint.CheckpointSaveFailed, workdir_lock.WorkdirLocked) as e:
+            raise loop.TrainingError(str(e)) from e
+
+
+# --------------------------------------------------------------------------- the members
+class _MemberRun:
+    """A member's run state on the host: its step, early stopping, saver and sinks."""
+
+    def __init__(self, member: Member, early: loop._EarlyStop, step: int, restored: bool,
+                 saver: loop._Saver, sinks: metrics.Sinks, steps: runtime.Steps, schedule):
+        self.member, self.early, self.step, self.restored = member, early, step, restored
+        self.start = step
+        self.saver, self.sinks, self.steps, self.schedule = saver, sinks, steps, schedule
+        self.diverged_at: int | None = None
+
+    @property
+    def active(self) -> bool:
+        return self.diverged_at is None and not self.early.stopped
+
+    def keys(self, s: int) -> tuple:
+        """The keys train.py's step s takes after (params, opt_state, batch)."""
+        if hasattr(self.steps, "feature_key"):
+            return self.steps.key(s), self.steps.feature_key(s)
+        return (self.steps.key(s),)
+
+
+def _read_population(workdir: pathlib.Path) -> dict:
+    path = workdir / POPULATION_FILE
+    return json.loads(path.read_text()) if path.exists() else {"diverged": {}}
+
+
+def _write_population(workdir: pathlib.Path, record: dict) -> None:
+    tmp = workdir / (POPULATION_FILE + ".tmp")
+    tmp.write_text(json.dumps(record, indent=2, sort_keys=True))
+    tmp.replace(workdir / POPULATION_FILE)  # atomic: a kill never leaves half a file
+
+
+def _restore_member(ckpt, model: runtime.Model, layout: runtime.Layout, patience: int,
+                    model_section: dict, at_most: int | None):
+    """(loop._State, rest, meta or None) of the newest step <= at_most that passes its
+    checks (all steps when at_most is None), as loop._restore_or_init restores a run;
+    damaged newer steps are set aside."""
+    candidates = [s for s in ckpt.all_steps()[::-1] if at_most is None or s <= at_most]
+    if not candidates:
+        params, opt_state, rest = runtime.init_fresh(model, layout)
+        return loop._State(params, opt_state, 0, loop._EarlyStop(patience)), rest, None
+    params, rest = model_state.init_sharded(model.make, layout.params, layout.replicated)
+    del params
+    for step in candidates:
+        try:
+            ckpt.check_compatible(step, model.shapes, model_section)
+            params, opt_state, meta = param_layout.restore(
+                ckpt, step, loop._placed(model.params, layout.params),
+                loop._placed(model.opt_state, layout.opt_state))
+        except checkpoint.CheckpointDamaged as e:
+            moved = ckpt.set_aside(e.step)
+            print(f"{e}; moved to {moved}", file=sys.stderr, flush=True)
+            continue
+        early = loop._EarlyStop(patience, meta.get("early_stop"))
+        return loop._State(params, opt_state, step, early), rest, meta
+    raise loop.TrainingError(f"no checkpoint in {ckpt.directory} can be read")
+
+
+def _restore_all(ckpts, models, layout, patience, model_section, diverged: dict):
+    """Every member restored at one population step: the newest step that all members
+    still training have (a kill between two members' saves leaves some a step ahead;
+    they go back to the common one). A member stopped early at or before that step
+    stays at its stop; a diverged member is restored (for its results) but frozen."""
+    first = [_restore_member(c, m, layout, patience, model_section, None)
+             for c, m in zip(ckpts, models)]
+    going = [st.step for (st, _, _), c in zip(first, ckpts)
+             if not st.early.stopped and str(c.directory.parent) not in diverged]
+    target = min(going) if going else None
+    out = []
+    for (st, rest, meta), c, m in zip(first, ckpts, models):
+        if target is not None and st.step > target:
+            st, rest, meta = _restore_member(c, m, layout, patience, model_section, target)
+            if st.step != target and not st.early.stopped:
+                raise loop.TrainingError(
+                    f"{c.directory} has no checkpoint at step {target}, the step the "
+                    f"population's other members resume from; resume it alone with "
+                    f"train.py, or use another --workdir")
+        out.append((st, rest, meta))
+    return out
+
+
+# ------------------------------------------------------------------------ the steps
+def _leading(sharding, mesh):
+    """A member-stacked array's sharding: members on a new leading, replicated axis."""
+    spec = getattr(sharding, "spec", jax.sharding.PartitionSpec())
+    return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, *spec))
+
+
+def _compile(model: runtime.Model, layout: runtime.Layout, t_cfg, mesh, packed: bool,
+             schedules: list, n_keys: int):
+    """(train, eval): the train step vmapped over members,
+    train(params, opt_state, rests, batch, index, active, *keys) -> (params, opt_state,
+    metrics with "active"), and eval(params, rests, batch) -> [M, 3] loss sums.
+
+    Member i's lr is its own schedule, picked by its index: every schedule is computed
+    with its Python-constant lr, exactly the ops of member i's separate run, and the
+    pick is exact; a traced lr would not be (optax derives the cosine's floor as
+    end / peak in Python, which a traced peak cannot do)."""
+    lead = lambda tree: jax.tree.map(lambda s: _leading(s, mesh), tree)
+    repl = _leading(layout.replicated, mesh)
+
+    def member_step(params, opt_state, rest, batch, index, active, *keys):
+        def schedule(count):
+            return jnp.stack([s(count) for s in schedules])[index]
+        tx, _ = optim.make_optimizer(t_cfg, model.params, model.logical, schedule=schedule)
+        parts = model_state.ModelParts(model.graphdef, model.template, rest, model.names,
+                                       model.logical, model.shapes)
+        step = step_fns.make_train_step(parts, tx, t_cfg.grad_accum, mesh, packed)
+        new_params, new_opt, m = step(params, opt_state, batch, *keys)
+        # A frozen member (stopped early, or non-finite now or before) keeps its state:
+        # where() passes an active member's new values through bit for bit.
+        keep = active & m["finite"]
+        pick = lambda new, old: jnp.where(keep, new, old)
+        return (jax.tree.map(pick, new_params, params), jax.tree.map(pick, new_opt, opt_state),
+                dict(m, active=keep))
+
+    def member_eval(params, rest, batch):
+        parts = model_state.ModelParts(model.graphdef, model.template, rest, model.names,
+                                       model.logical, model.shapes)
+        return jnp.stack(step_fns.make_eval_step(parts, packed)(params, batch))
+
+    train = jax.jit(jax.vmap(member_step),
+                    in_shardings=(lead(layout.params), lead(layout.opt_state), repl,
+                                  _leading(layout.batch, mesh), repl, repl) + (repl,) * n_keys,
+                    out_shardings=(lead(layout.params), lead(layout.opt_state), repl),
+                    donate_argnums=(0, 1))
+    evaluate = jax.jit(jax.vmap(member_eval),
+                       in_shardings=(lead(layout.params), repl, _leading(layout.batch, mesh)),
+                       out_shardings=repl)
+    return train, evaluate
+
+
+def _stack(trees):
+    return jax.tree.map(lambda *xs: jnp.stack(xs), *trees)
+
+
+def _member(tree, i: int):
+    return jax.tree.map(lambda x: x[i], tree)
+
+
+# ------------------------------------------------------------------------- the run
+def _train_population(config, workdir: pathlib.Path, lrs, seeds, stop_at) -> list[dict]:
+    t_cfg = config.train
+    members = make_members(config, workdir, lrs, seeds)
+    datasets = {}
+    for m in members:  # one data stream per seed, as each separate run builds it
+        if m.seed not in datasets:
+            datasets[m.seed], model_cfg = loop._dataset_and_model_config(m.config)
+    mesh = runtime.make_mesh(config)
+    described = [runtime.describe_model(m.config, model_cfg, mesh) for m in members]
+    models = [d[0] for d in described]
+    layout = described[0][1]
+    packed = datasets[members[0].seed].packed
+    patience = int(t_cfg.get("early_stop_patience", 0) or 0)
+    keep_best = bool(t_cfg.get("keep_best", True))
+    n_params = model_state.num_params(models[0].shapes)
+
+    with contextlib.ExitStack() as opened:
+        opened.enter_context(workdir_lock.held(workdir))
+        for m in members:  # a train.py run on a member's workdir stops at its lock
+            opened.enter_context(workdir_lock.held(m.workdir))
+        opened.enter_context(checkpoint.orbax_records_hidden())
+        record = _read_population(workdir)
+        ckpts = [opened.enter_context(contextlib.closing(checkpoint.Checkpointer(
+            m.workdir, keep=t_cfg.keep_checkpoints, async_save=t_cfg.async_checkpoints,
+            keep_best=keep_best))) for m in members]
+        restored = _restore_all(ckpts, models, layout, patience, config.model.to_dict(),
+                                record["diverged"])
+        runs, states, rests = [], [], []
+        for m, model, ckpt, (st, rest, meta) in zip(members, models, ckpts, restored):
+            if meta is not None:
+                config_tools.check_resume(meta.get("config"), m.config, m.workdir, st.step)
+            config_tools.save_config(m.config, m.workdir)
+            log = opened.enter_context(contextlib.closing(metrics.MetricsFile(
+                m.workdir, resume_step=st.step if meta is not None else None)))
+            sinks = metrics.Sinks(log, metrics.WandbLogger(
+                m.workdir, mode="disabled", project="", name="", config={}),
+                metrics.Progress(False, 0, 0))
+            saver = loop._Saver(ckpt, m.config, last_saved=st.step if meta else None,
+                                keep_best=keep_best)
+            steps = runtime.compile_steps(model, rest, layout, m.config.train, mesh, packed)
+            run = _MemberRun(m, st.early, st.step, meta is not None, saver, sinks, steps,
+                             model.schedule)
+            run.diverged_at = record["diverged"].get(str(m.workdir))
+            runs.append(run)
+            states.append(st)
+            rests.append(rest)
+        params = _stack([st.params for st in states])
+        opt_state = _stack([st.opt_state for st in states])
+        rests = _stack(rests)
+        del states, restored
+        train, evaluate = _compile(models[0], layout, t_cfg, mesh, packed,
+                                   [model.schedule for model in models],
+                                   len(runs[0].keys(0)))
+        going = [r.step for r in runs if r.active]
+        start = min(going) if going else t_cfg.steps
+        where = f"resuming from step {start}" if start else "starting fresh"
+        print(f"population of {len(members)} (lrs {list(lrs)} x seeds {list(seeds)}); "
+              f"{n_params:,} parameters each; {where}", file=sys.stderr, flush=True)
+        progress = opened.enter_context(contextlib.closing(metrics.Progress(
+            config.logging.progress, start, t_cfg.steps)))
+        stop = opened.enter_context(loop._signals_caught())
+        pop = _Population(runs, datasets, t_cfg, train, evaluate, params, opt_state, rests,
+                          workdir, record, progress,
+                          loop._Speed(config, model_cfg, n_params, start))
+        pop.run(start, stop, stop_at)
+        return pop.finish()
+
+
+class _Population:
+    """The stacked state and the loop over steps: loop._run_steps for M members."""
+
+    def __init__(self, runs, datasets, t_cfg, train, evaluate, params, opt_state, rests,
+                 workdir, record, progress, speed):
+        self.runs, self.datasets, self.t_cfg = runs, datasets, t_cfg
+        self.train, self.evaluate = train, evaluate
+        self.params, self.opt_state, self.rests = params, opt_state, rests
+        self.workdir, self.record, self.progress, self.speed = workdir, record, progress, speed
+        self.index = jnp.arange(len(runs))
+        self.pending: list[tuple[int, list[bool], Any]] = []
+        self._set_active()
+        self._eval_batches = None
+
+    def _set_active(self):
+        self.active = jnp.asarray([r.active for r in self.runs])
+
+    # -- data
+    def _batch(self, s: int):
+        bs = self.t_cfg.batch_size
+        by_seed = {seed: d.batch(s, bs) for seed, d in self.datasets.items()}
+        return jax.tree.map(lambda *xs: np.stack(xs),
+                            *[by_seed[r.member.seed] for r in self.runs])
+
+    def _eval_feed(self) -> list:
+        """The eval batches of every member's seed, stacked (each seed's held-out set, as
+        its separate run's loop._Feed.eval gives it)."""
+        if self._eval_batches is None:
+            bs, n = self.t_cfg.batch_size, self.t_cfg.eval_batches
+            by_seed = {seed: list(d.eval_batches(bs, n)) for seed, d in self.datasets.items()}
+            self._eval_batches = [
+                jax.tree.map(lambda *xs: np.stack(xs),
+                             *[by_seed[r.member.seed][j] for r in self.runs])
+                for j in range(len(next(iter(by_seed.values()))))]
+        return self._eval_batches
+
+    # -- the steps
+    def run(self, start: int, stop, stop_at: int | None) -> None:
+        t = self.t_cfg
+        for s in range(start, t.steps):
+            if not any(r.active for r in self.runs):
+                return
+            keys = [jnp.stack(ks) for ks in zip(*[r.keys(s) for r in self.runs])]
+            was_active = [r.active for r in self.runs]
+            self.params, self.opt_state, m = self.train(
+                self.params, self.opt_state, self.rests, self._batch(s), self.index,
+                self.active, *keys)
+            self.active = m["active"]
+            step = s + 1
+            for r, a in zip(self.runs, was_active):
+                if a:
+                    r.step = step
+            self.pending.append((step, was_active, m))
+            self.progress.update()
+            signum = stop.signum
+            if signum is None and stop_at is not None and step >= stop_at:
+                signum = signal.SIGTERM
+            log_now = step % t.log_every == 0
+            eval_now = bool(t.eval_every) and step % t.eval_every == 0 and step < t.steps
+            save_now = (bool(t.checkpoint_every) and step % t.checkpoint_every == 0
+                        and step < t.steps)
+            if s == start:
+                self.flush(log_now=log_now or step == 1)
+                self.speed.restart(step)
+            elif log_now or eval_now or save_now or signum is not None:
+                self.flush(log_now=log_now)
+            for r in self.runs:
+                r.saver.check()
+            evaluated = self._evaluate_for_early_stop(step) if eval_now else {}
+            stopping = [r for r in evaluated if r.early.stopped]
+            new_best = [r for r in evaluated if r.early.since_best == 0 and r.saver.keep_best]
+            if save_now or stopping or new_best or signum is not None:
+                # Every member still training saves at this step, so that a resume finds
+                # one step all of them have.
+                for i, r in enumerate(self.runs):
+                    if r.diverged_at is None and r.step == step:
+                        self._save(i, r, evaluated.get(r))
+            if stopping:
+                self._set_active()  # the stopped members are frozen from here
+            if signum is not None:
+                for r in self.runs:
+                    r.saver.wait()
+                raise loop.Interrupted(signum, step)
+
+    def _save(self, i: int, r: _MemberRun, eval_loss: float | None = None) -> None:
+        state = loop._State(_member(self.params, i), _member(self.opt_state, i), r.step,
+                            r.early)
+        r.saver.save(state, eval_loss=eval_loss)
+
+    def flush(self, *, log_now: bool) -> None:
+        """Fetches the pending metrics: a member's first non-finite step freezes it (as
+        train.py stops there, without saving); the newest step is logged if asked."""
+        if not self.pending:
+            return
+        steps = [s for s, _, _ in self.pending]
+        actives = [a for _, a, _ in self.pending]
+        values = jax.device_get([m for _, _, m in self.pending])
+        self.pending.clear()
+        for step, was_active, m in zip(steps, actives, values):
+            for i, r in enumerate(self.runs):
+                if was_active[i] and r.diverged_at is None and not bool(m["finite"][i]):
+                    self._diverged(r, step, float(m["loss"][i]))
+        if log_now:
+            step, m = steps[-1], values[-1]
+            tokens_per_s = self.speed.tokens_per_s(step)
+            for i, r in enumerate(self.runs):
+                if actives[-1][i] and r.diverged_at is None:
+                    r.sinks.show({"step": step, "loss": float(m["loss"][i]),
+                                  "lr": float(r.schedule(step - 1)),
+                                  "tokens_per_s": tokens_per_s,
+                                  "grad_norm": float(m["grad_norm"][i]),
+                                  "mfu": self.speed.mfu(tokens_per_s)})
+
+    def _diverged(self, r: _MemberRun, step: int, loss: float) -> None:
+        r.diverged_at = step
+        r.step = step - 1  # its state is that after the last finite step
+        self.record["diverged"][str(r.member.workdir)] = step
+        _write_population(self.workdir, self.record)
+        self.progress.write(f"{r.member.workdir.name}: loss {loss} or its gradients or "
+                            f"parameters non-finite at step {step}; frozen, not saved "
+                            f"({r.saver.last_good()})")
+
+    def _eval_all(self) -> np.ndarray:
+        """[M, 3] (eval loss, accuracy, tokens) sums, token-weighted as loop._evaluate."""
+        total = np.zeros((len(self.runs), 3))
+        for batch in self._eval_feed():
+            total += np.asarray(jax.device_get(self.evaluate(self.params, self.rests, batch)))
+        return total
+
+    def _evaluate_for_early_stop(self, step: int) -> dict:
+        """{member run: eval loss} of the members that trained to `step`, recorded and
+        counted for early stopping."""
+        total = self._eval_all()
+        out = {}
+        for i, r in enumerate(self.runs):
+            if not r.active or r.step != step:
+                continue
+            entry = _eval_entry(total[i], step)
+            r.sinks.record(entry)
+            out[r] = entry["eval_loss"]
+            if r.early.update(entry["eval_loss"], step):
+                self.progress.write(
+                    f"{r.member.workdir.name} step {step}: no new best eval_loss in "
+                    f"{r.early.limit} evaluations (best {r.early.best:.4f} at step "
+                    f"{r.early.best_step}); stopping early")
+        return out
+
+    def finish(self) -> list[dict]:
+        """train.py's ending for every member: the final eval, saved and recorded."""
+        self.flush(log_now=True)
+        total = self._eval_all()
+        results = []
+        for i, r in enumerate(self.runs):
+            m = r.member
+            result = {"lr": m.lr, "seed": m.seed, "workdir": str(m.workdir),
+                      "step": r.step}
+            if r.diverged_at is not None:
+                results.append(dict(result, status=f"diverged at step {r.diverged_at}",
+                                    eval_loss=math.nan, eval_accuracy=math.nan))
+                continue
+            entry = _eval_entry(total[i], r.step)
+            self._save(i, r, entry["eval_loss"])
+            if r.step > r.start or not r.restored:
+                r.sinks.record(entry)
+            r.saver.wait()
+            best = r.saver.ckpt.best_step() if r.saver.keep_best else None
+            status = "stopped early" if r.early.stopped else "done"
+            results.append(dict(result, **entry, best_step=best, status=status))
+        return results
+
+
+def _eval_entry(total: np.ndarray, step: int) -> dict:
+    return {"step": step, "eval_loss": total[0] / max(total[1], 1.0),
+            "eval_accuracy": total[2] / max(total[1], 1.0)}
+
+
+def results_table(results: list[dict]) -> str:
+    """The members as a markdown table."""
+    lines = ["| lr | seed | step | eval_loss | eval_accuracy | status |", "|---|---|---|---|---|---|"]
+    for r in results:
+        lines.append(f"| {r['lr']:g} | {r['seed']} | {r['step']} | {r['eval_loss']:.4f} | "
+                     f"{r['eval_accuracy']:.4f} | {r['status']} |")
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------- CLI
+def _main(argv):
+    del argv
+    from absl import flags, logging
+    logging.set_verbosity(logging.WARNING)
+    from training import sharding
+    f = flags.FLAGS
+    try:
+        lrs = [float(x) for x in f.lrs.split(",") if x.strip()]
+        seeds = [int(x) for x in f.seeds.split(",") if x.strip()]
+    except ValueError as e:
+        sys.exit(f"error: --lrs takes numbers and --seeds integers, comma-separated ({e})")
+    try:
+        results = train_population(f.config, f.workdir, lrs, seeds)
+    except loop.Interrupted as e:
+        print(f"{e}; checkpoints saved. Run the same command to resume.", file=sys.stderr)
+        sys.exit(128 + e.signum)
+    except (config_tools.ConfigError, sharding.MeshError, checkpoint.CheckpointMismatch,
+            loop.TrainingError) as e:
+        sys.exit(f"error: {e}")
+    print(results_table(results), flush=True)
+
+
+if __name__ == "__main__":
+    from absl import app, flags
+    from ml_collections import config_flags
+    import train as train_cli
+    flags.DEFINE_string("workdir", None, "Directory of the population (a folder per member).")
+    flags.DEFINE_string("lrs", None, "Comma-separated learning rates, e.g. 1e-3,3e-3.")
+    flags.DEFINE_string("seeds", "0", "Comma-separated seeds, e.g. 0,1,2.")
+    config_flags.DEFINE_config_file("config", None, "Experiment config file.",
+                                    lock_config=True)
+    train_cli.precheck_argv(sys.argv)
+    flags.mark_flags_as_required(["workdir", "lrs"])
+    app.run(_main)
