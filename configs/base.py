@@ -51,6 +51,20 @@ def get_config() -> ml_collections.ConfigDict:
         # typed `object` so that the command line takes either.
         num_kv_pairs=config_dict.placeholder(object),
         random_non_queries=False,
+        mqar_vocab_size=config_dict.placeholder(int),   # wins over vocab_size for MQAR
+        power_a=config_dict.placeholder(float),         # query-gap power law exponent
+        # NIAH (data/niah.py). niah_depths: a list of fractions in [0, 1], `object` as
+        # num_kv_pairs for the command line.
+        niah_kind=config_dict.placeholder(str),
+        niah_depths=config_dict.placeholder(object),
+        num_keys=config_dict.placeholder(int),
+        key_vocab=config_dict.placeholder(int),
+        key_len=config_dict.placeholder(int),
+        num_digits=config_dict.placeholder(int),
+        filler_source=config_dict.placeholder(str),
+        filler_vocab=config_dict.placeholder(int),
+        # source=mixture (data/mixture.py): a list of sub-configs or a dict of them.
+        components=config_dict.placeholder(object),
     ))
 
     c.train = ml_collections.ConfigDict(dict(

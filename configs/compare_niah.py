@@ -39,7 +39,9 @@ def train_config(with_text: bool = True):
                           "loss_weight": 50.0}}
     if with_text:
         comps = {"text": {"source": "files", "weight": 3.0}, **comps}
-    c.data.components = comps
+    # A ConfigDict, as an undeclared key would become: --config.data.components.text.weight=
+    # and the like stay settable (base declares components as a plain value).
+    c.data.components = ml_collections.ConfigDict(comps)
     c.data.tokenizer = "char" if with_text else "byte"
     return c
 

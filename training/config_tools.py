@@ -223,6 +223,51 @@ def _check_data(d) -> None:
     rnq = d.get("random_non_queries")
     if rnq is not None and not isinstance(rnq, bool):
         raise ConfigError(f"data.random_non_queries={rnq!r}: use true or false")
+    _check_task_keys(d)
+
+
+# Task keys that must be positive integers when set (0 or less builds no task).
+_POSITIVE_DATA_INTS = ("mqar_vocab_size", "num_keys", "key_vocab", "key_len", "num_digits",
+                       "filler_vocab")
+_FILLER_SOURCES = ("files", "hf", "tfds")
+
+
+def _check_task_keys(d) -> None:
+    """The MQAR, NIAH and mixture keys data/__init__.py documents, when set."""
+    from data import niah  # its kinds are the data package's
+
+    def is_int(v):
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    def is_number(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    for key in _POSITIVE_DATA_INTS:
+        v = d.get(key)
+        if v is not None and not (is_int(v) and v > 0):
+            raise ConfigError(f"data.{key}={v!r}: use a positive integer")
+    a = d.get("power_a")
+    if a is not None and not (is_number(a) and a > 0):
+        # The gap probabilities are proportional to a * i^(a - 1): all zero at a = 0,
+        # negative below.
+        raise ConfigError(f"data.power_a={a!r}: use a positive number, e.g. 0.01")
+    kind = d.get("niah_kind")
+    if kind is not None and kind not in niah.KINDS:
+        raise ConfigError(f"data.niah_kind={kind!r}: use one of {', '.join(niah.KINDS)}")
+    depths = d.get("niah_depths")
+    if depths is not None:
+        values = list(depths) if isinstance(depths, (list, tuple)) else None
+        if not values or not all(is_number(x) and 0 <= x <= 1 for x in values):
+            raise ConfigError(f"data.niah_depths={depths!r}: use a list of fractions in "
+                              f"[0, 1], e.g. [0.1, 0.5, 0.9]")
+    filler = d.get("filler_source")
+    if filler is not None and filler not in _FILLER_SOURCES:
+        raise ConfigError(f"data.filler_source={filler!r}: use one of "
+                          f"{', '.join(_FILLER_SOURCES)}")
+    comps = d.get("components")
+    if comps is not None and not (isinstance(comps, (list, tuple)) or hasattr(comps, "items")):
+        raise ConfigError(f"data.components={comps!r}: use a list of sub-configs, each "
+                          f"with a `source` (and a `weight`), or a dict name -> sub-config")
 
 
 def _check_mixer(m) -> None:
