@@ -5,6 +5,8 @@ an uninterrupted run would have seen (Levanter's rule).
 """
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 
 # A second, disjoint stream for held-out data: SeedSequence entropy of a different
@@ -41,15 +43,37 @@ def derive_seed(seed: int, *path: int) -> int:
     return int(np.random.SeedSequence([int(seed), *map(int, path)]).generate_state(1)[0])
 
 
-def row_starts(seed: int, step: int, batch_size: int, split: str, n_rows: int,
-               seq_len: int) -> np.ndarray:
+class EpochPermutations:
+    """The permutation of rows for each epoch of `packing=rows`, drawn by
+    rng([seed, e, 1]) (training; the held-out tag added for "val"), the last two kept:
+    every batch of an epoch reuses its permutation instead of drawing n_rows numbers
+    again (a cache of a pure function, so the batches do not depend on it)."""
+
+    def __init__(self, seed: int, split: str, n_rows: int, keep: int = 2):
+        self.seed, self.split, self.n_rows, self.keep = int(seed), split, int(n_rows), keep
+        self._cache: dict[int, np.ndarray] = {}
+        self._lock = threading.Lock()  # a prefetch thread and the caller may both ask
+
+    def __call__(self, epoch: int) -> np.ndarray:
+        with self._lock:
+            perm = self._cache.get(epoch)
+            if perm is None:
+                perm = step_rng(self.seed, epoch, self.split, 1).permutation(self.n_rows)
+                if len(self._cache) >= self.keep:
+                    self._cache.pop(min(self._cache))
+                self._cache[epoch] = perm
+            return perm
+
+
+def row_starts(step: int, batch_size: int, seq_len: int,
+               permutations: EpochPermutations) -> np.ndarray:
     """`packing=rows`: the starts of batch `step`'s rows, rows at stride seq_len visited
-    in a fresh permutation each epoch (epoch e's drawn by rng([seed, e, 1]) for training),
-    so the order is a pure function of (seed, step) however many batches an epoch holds."""
+    in a fresh permutation each epoch, so the order is a pure function of (seed, step)
+    however many batches an epoch holds."""
+    n_rows = permutations.n_rows
     flat = step * batch_size + np.arange(batch_size, dtype=np.int64)
     epoch, pos = flat // n_rows, flat % n_rows
     rows = np.empty_like(flat)
     for e in np.unique(epoch):
-        perm = step_rng(seed, int(e), split, 1).permutation(n_rows)
-        rows[epoch == e] = perm[pos[epoch == e]]
+        rows[epoch == e] = permutations(int(e))[pos[epoch == e]]
     return rows * seq_len

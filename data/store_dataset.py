@@ -29,7 +29,7 @@ from data import packing
 from data import store as st
 from data import tokenizers as toks
 from data.base import Dataset, cfg_get
-from data.order import row_starts, step_rng
+from data.order import EpochPermutations, row_starts, step_rng
 from data.text import EOD, PACKINGS
 
 
@@ -123,6 +123,9 @@ class StoreDataset(Dataset):
             raise ValueError(f"data.val_fraction must be in [0, 1), got {val_fraction}")
         self._cut = int(n * (1.0 - val_fraction))  # packing.split_stream's cut
         self._bounds = {"train": (0, self._cut), "val": (self._cut, n)}
+        self._permutations = {split: EpochPermutations(
+            self.seed, split, packing.num_full_rows(b - a, self.seq_len))
+            for split, (a, b) in self._bounds.items()}
         self._check_length("train")
 
     def _len(self, split: str) -> int:
@@ -144,8 +147,7 @@ class StoreDataset(Dataset):
             starts = step_rng(self.seed, step, split).integers(0, n - self.seq_len,
                                                                size=batch_size)
         else:
-            starts = row_starts(self.seed, step, batch_size, split,
-                                packing.num_full_rows(n, self.seq_len), self.seq_len)
+            starts = row_starts(step, batch_size, self.seq_len, self._permutations[split])
         rows = self.tokens.rows(np.asarray(starts) + self._bounds[split][0], self.seq_len + 1)
         return packing.make_batch(rows[:, :-1], rows[:, 1:], self.eod_id)
 

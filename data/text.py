@@ -19,7 +19,7 @@ import numpy as np
 from data import packing, sources
 from data import tokenizers as toks
 from data.base import Dataset, cfg_get
-from data.order import row_starts, step_rng
+from data.order import EpochPermutations, row_starts, step_rng
 
 PACKINGS = ("random_windows", "rows")
 EOD = "<|eod|>"
@@ -92,6 +92,7 @@ class TextDataset(Dataset):
             self.val_tokens = packing.concat_documents(
                 encode_documents(base, val_docs), self.eod_id, eod_after_last=rows)
         self.num_documents = len(docs)
+        self._perms: dict[str, EpochPermutations] = {}  # packing=rows, by split
         self._check_length("train")
 
     def _check_length(self, split: str) -> None:
@@ -118,10 +119,15 @@ class TextDataset(Dataset):
             rng = step_rng(self.seed, step, split)
             starts = rng.integers(0, len(stream) - self.seq_len, size=batch_size)
         else:
-            starts = row_starts(self.seed, step, batch_size, split,
-                                packing.num_full_rows(len(stream), self.seq_len), self.seq_len)
+            starts = row_starts(step, batch_size, self.seq_len, self._permutations(split))
         inputs, targets = packing.windows(stream, starts, self.seq_len)
         return packing.make_batch(inputs, targets, self.eod_id)
+
+    def _permutations(self, split: str) -> EpochPermutations:
+        if split not in self._perms:
+            n_rows = packing.num_full_rows(len(self._stream(split)), self.seq_len)
+            self._perms[split] = EpochPermutations(self.seed, split, n_rows)
+        return self._perms[split]
 
     def eval_batches(self, batch_size: int, num_batches: int | None = None) -> Iterator[dict]:
         """The held-out stream in order, every token scored once; the last batch is

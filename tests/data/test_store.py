@@ -246,3 +246,22 @@ def test_training_on_the_store_resumes_bitwise(corpus, tmp_path):
                                                  "data.prefetch": 0}), str(store_run))
     assert result["step"] == 3
     assert losses(store_run) == {3: want[3]}
+
+
+def test_rows_visit_each_epochs_permutation_of_the_stream(corpus):
+    """packing=rows against numpy's generator directly: row r of epoch e starts at
+    perm_e[r] * T with perm_e = default_rng([seed, e, 1]).permutation(n_rows)."""
+    out, manifest = corpus[2], corpus[3]
+    stream = np.concatenate([np.load(out / r["tokens_file"]) for r in manifest["shards"]])
+    T, seed = 32, 4
+    ds = data.build({"source": "store", "store": str(out), "packing": "rows",
+                     "val_fraction": 0.2, "seq_len": T}, seed=seed)
+    n_rows = (int(len(stream) * 0.8) - 1) // T
+    B = n_rows // 3 + 1  # batches cross epoch ends
+    for step in [0, 1, 2, 3, 7, 5]:
+        flat = step * B + np.arange(B)
+        want = []
+        for e, r in zip(flat // n_rows, flat % n_rows):
+            start = np.random.default_rng([seed, int(e), 1]).permutation(n_rows)[r] * T
+            want.append(stream[start:start + T])
+        np.testing.assert_array_equal(ds.batch(step, B)["inputs"], np.stack(want))
