@@ -24,7 +24,8 @@ Text (files, hf, tfds)
   split           source split to read                                 [train]
   val_split       a separate source split (or file set) held out       [None: use val_fraction]
   text_field      field holding the text (hf, tfds)                    [text]
-  max_documents   documents to take (hf streaming; tfds)               [hf 10000; tfds all]
+  max_documents   documents to take (hf streaming; tfds); a cut is     [hf 10000; tfds all]
+                  said in one line (used of how many); 0 takes all
   data_dir        TFDS data directory                                  [TFDS default]
   tokenizer       byte | char | sentencepiece | a Hugging Face name    [byte]
   tokenizer_dir   where char_vocab.json / the SentencePiece model live [None]

@@ -4,8 +4,10 @@ documents (str), in a fixed order so the packed stream is reproducible.
 - local files: `datasets.load_dataset("text", data_files=..., sample_by=...)` (works
   offline); plain reading only when `datasets` is not installed (the GPU machine).
 - hub: `datasets.load_dataset(name, subset, split=..., streaming=True)`, first
-  `max_documents` documents, field `text_field`.
+  `max_documents` documents (HF_MAX_DOCUMENTS unless set; 0: all), field `text_field`.
 - TFDS: `tfds.data_source(name, split=...)` (random access, no TensorFlow needed).
+A source that stops short of its dataset says so in one line (`report`, stderr by
+default): how many documents it used of how many, and the key that changes it.
 """
 from __future__ import annotations
 
@@ -13,9 +15,17 @@ import glob
 import itertools
 import os
 import pathlib
-from typing import Sequence
+import sys
+from typing import Callable, Sequence
 
 SAMPLE_BY = ("document", "paragraph", "line")
+# data.max_documents for source=hf when unset: a hub dataset is streamed into memory
+# whole, so a web-scale one would never finish loading; the cut is reported, never silent.
+HF_MAX_DOCUMENTS = 10_000
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 def resolve_files(files: str | Sequence[str]) -> list[str]:
@@ -84,10 +94,21 @@ def _text_of(example, text_field: str, where: str) -> str:
     return text.decode("utf-8") if isinstance(text, bytes) else str(text)
 
 
+def _hf_num_examples(ds, split: str) -> int | None:
+    """The split's document count from the dataset's metadata, if it states one."""
+    try:
+        return int(ds.info.splits[split].num_examples) or None
+    except Exception:  # no info, no splits, or not this split: the count is unknown
+        return None
+
+
 def load_hf(name: str, *, split: str = "train", subset: str | None = None,
-            text_field: str = "text", max_documents: int | None = 10_000,
-            streaming: bool = True) -> list[str]:
-    """The first `max_documents` documents of a Hugging Face dataset, streamed."""
+            text_field: str = "text", max_documents: int | None = HF_MAX_DOCUMENTS,
+            streaming: bool = True,
+            report: Callable[[str], None] = _to_stderr) -> list[str]:
+    """The first `max_documents` documents (None or 0: all) of a Hugging Face dataset,
+    streamed; when the dataset has more, one line to `report` says how many were used of
+    how many."""
     if not name:
         raise ValueError("data.name must name the Hugging Face dataset for source='hf'")
     try:
@@ -102,8 +123,14 @@ def load_hf(name: str, *, split: str = "train", subset: str | None = None,
             f"could not load Hugging Face dataset {name!r} (subset {subset!r}, split "
             f"{split!r}): {type(e).__name__}: {e}. Offline, give a local directory of "
             "data files as data.name, or use source='files'") from e
-    rows = itertools.islice(iter(ds), max_documents) if max_documents else iter(ds)
-    docs = [_text_of(ex, text_field, f"dataset {name!r}") for ex in rows]
+    rows = iter(ds)
+    taken = list(itertools.islice(rows, max_documents)) if max_documents else list(rows)
+    if max_documents and next(rows, None) is not None:
+        total = _hf_num_examples(ds, split)
+        of = f"{total:,}" if total else f"more than {max_documents:,}"
+        report(f"data: dataset {name!r} split {split!r}: using the first "
+               f"{max_documents:,} documents of {of} (data.max_documents; 0 reads all)")
+    docs = [_text_of(ex, text_field, f"dataset {name!r}") for ex in taken]
     docs = [d for d in docs if d]
     if not docs:
         raise ValueError(f"dataset {name!r} split {split!r} gave no text in field {text_field!r}")
@@ -111,8 +138,10 @@ def load_hf(name: str, *, split: str = "train", subset: str | None = None,
 
 
 def load_tfds(name: str, *, split: str = "train", text_field: str = "text",
-              max_documents: int | None = None, data_dir: str | None = None) -> list[str]:
-    """Documents of a prepared TFDS dataset through `tfds.data_source` (no TensorFlow)."""
+              max_documents: int | None = None, data_dir: str | None = None,
+              report: Callable[[str], None] = _to_stderr) -> list[str]:
+    """Documents of a prepared TFDS dataset through `tfds.data_source` (no TensorFlow):
+    all, or the first `max_documents` (said in one line to `report` when that cuts)."""
     if not name:
         raise ValueError("data.name must name the TFDS dataset for source='tfds'")
     try:
@@ -122,6 +151,9 @@ def load_tfds(name: str, *, split: str = "train", text_field: str = "text",
                           "tensorflow-datasets (TensorFlow itself is not needed)") from None
     src = tfds.data_source(name, split=split, data_dir=data_dir)
     n = len(src) if not max_documents else min(len(src), int(max_documents))
+    if n < len(src):
+        report(f"data: TFDS dataset {name!r} split {split!r}: using the first {n:,} "
+               f"documents of {len(src):,} (data.max_documents; 0 reads all)")
     docs = [_text_of(src[i], text_field, f"TFDS dataset {name!r}") for i in range(n)]
     docs = [d for d in docs if d]
     if not docs:

@@ -37,7 +37,8 @@ def load_documents(cfg: Mapping, *, split: str | None = None) -> list[str]:
         return sources.load_hf(cfg_get(cfg, "name"), split=split or cfg_get(cfg, "split", "train"),
                                subset=cfg_get(cfg, "subset"),
                                text_field=cfg_get(cfg, "text_field", "text"),
-                               max_documents=cfg_get(cfg, "max_documents", 10_000))
+                               max_documents=cfg_get(cfg, "max_documents",
+                                                     sources.HF_MAX_DOCUMENTS))
     if source == "tfds":
         return sources.load_tfds(cfg_get(cfg, "name"), split=split or cfg_get(cfg, "split", "train"),
                                  text_field=cfg_get(cfg, "text_field", "text"),

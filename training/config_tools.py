@@ -193,6 +193,7 @@ _NON_NEGATIVE = {
     "train.weight_decay": "",
     "train.grad_clip": " (0: no clipping)",
     "train.early_stop_patience": " (0: never stop early)",
+    "data.max_documents": " (0: every document)",
 }
 # Data sources whose held-out set is the tail of their text (data.val_fraction).
 _TEXT_SOURCES = ("files", "hf", "tfds", "store")

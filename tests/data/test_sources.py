@@ -97,3 +97,110 @@ def test_sentencepiece_needs_a_directory(tmp_path):
     with pytest.raises(ValueError, match="tokenizer_dir"):
         data.build({"source": "files", "files": str(f), "tokenizer": "sentencepiece",
                     "vocab_size": 50}, seed=0)
+
+
+# --------------------------------------------------------------------- no silent caps
+def _jsonl_dataset(directory, n):
+    rows = [{"text": f"document {i}\n"} for i in range(n)]
+    with open(directory / "train.jsonl", "w") as f:
+        for r in rows:
+            f.write(json.dumps(r) + "\n")
+    return [r["text"] for r in rows]
+
+
+def test_hf_cap_is_said_in_one_line_and_zero_takes_all(tmp_path):
+    pytest.importorskip("datasets")
+    texts = _jsonl_dataset(tmp_path, 30)
+    said = []
+    docs = sources.load_hf(str(tmp_path), max_documents=12, report=said.append)
+    assert docs == texts[:12] and len(said) == 1
+    assert f"dataset {str(tmp_path)!r} split 'train': using the first 12 documents of" \
+        in said[0] and "data.max_documents; 0 reads all" in said[0]
+    said.clear()
+    assert sources.load_hf(str(tmp_path), max_documents=0, report=said.append) == texts
+    assert sources.load_hf(str(tmp_path), max_documents=30, report=said.append) == texts
+    assert said == []  # nothing was cut
+
+
+def test_hf_default_cap_through_data_build_goes_to_stderr(tmp_path, monkeypatch, capsys):
+    pytest.importorskip("datasets")
+    texts = _jsonl_dataset(tmp_path, 30)
+    monkeypatch.setattr(sources, "HF_MAX_DOCUMENTS", 20)  # the unset-key default
+    ds = data.build({"source": "hf", "name": str(tmp_path), "seq_len": 8,
+                     "packing": "rows", "val_fraction": 0.25}, seed=0)
+    assert ds.num_documents == 20
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "using the first 20 documents of" in err[0]
+    ds = data.build({"source": "hf", "name": str(tmp_path), "seq_len": 8,
+                     "packing": "rows", "val_fraction": 0.25, "max_documents": 0}, seed=0)
+    assert ds.num_documents == len(texts) and capsys.readouterr().err == ""
+
+
+def test_hf_cap_names_the_total_when_the_dataset_states_it(monkeypatch):
+    datasets = pytest.importorskip("datasets")
+    import types
+
+    class Streamed:  # what streaming load_dataset returns: iterable, with info
+        info = types.SimpleNamespace(
+            splits={"train": types.SimpleNamespace(num_examples=25_000)})
+
+        def __iter__(self):
+            return iter({"text": f"doc {i}"} for i in range(25_000))
+
+    monkeypatch.setattr(datasets, "load_dataset", lambda *a, **k: Streamed())
+    said = []
+    docs = sources.load_hf("org/corpus", max_documents=10_000, report=said.append)
+    assert len(docs) == 10_000
+    assert said == ["data: dataset 'org/corpus' split 'train': using the first 10,000 "
+                    "documents of 25,000 (data.max_documents; 0 reads all)"]
+
+
+def test_tfds_cut_is_said(tmp_path):
+    tfds = pytest.importorskip("tensorflow_datasets")
+    said = []
+    with tfds.testing.mock_data(num_examples=6):
+        docs = sources.load_tfds("tiny_shakespeare", max_documents=4, report=said.append)
+    assert len(docs) == 4 and said == [
+        "data: TFDS dataset 'tiny_shakespeare' split 'train': using the first 4 documents "
+        "of 6 (data.max_documents; 0 reads all)"]
+
+
+# ------------------------------------------------------------- Hugging Face tokenizers
+def test_requirements_install_what_the_documented_tokenizers_import():
+    """data.tokenizer=sentencepiece and =<a Hugging Face name> import these lazily
+    (data/tokenizers.py); a fresh `pip install -r requirements.txt` must bring them."""
+    import pathlib
+    import re
+    root = pathlib.Path(__file__).resolve().parents[2]
+    names = {re.split(r"[<>=!~\[ ]", line.strip())[0].lower()
+             for line in (root / "requirements.txt").read_text().splitlines()
+             if line.strip() and not line.startswith("#")}
+    assert {"sentencepiece", "tokenizers"} <= names
+    source = (root / "data" / "tokenizers.py").read_text()
+    assert "import sentencepiece" in source and "import tokenizers" in source
+
+
+def test_hf_tokenizer_from_a_local_tokenizer_json(tmp_path):
+    hf = pytest.importorskip("tokenizers")
+    text = "the state of linear attention is a matrix\n" * 40
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text(text)
+    tok = hf.Tokenizer(hf.models.WordLevel(unk_token="[UNK]"))
+    tok.pre_tokenizer = hf.pre_tokenizers.Whitespace()
+    tok.train([str(corpus)], hf.trainers.WordLevelTrainer(special_tokens=["[UNK]"]))
+    tok.save(str(tmp_path / "tokenizer.json"))
+    ds = data.build({"source": "files", "files": str(corpus), "seq_len": 8,
+                     "tokenizer": str(tmp_path / "tokenizer.json")}, seed=0)
+    words = "linear attention is a matrix".split()
+    ids = ds.tokenizer.encode("linear attention is a matrix")
+    assert [tok.id_to_token(i) for i in ids] == words
+    assert ds.tokenizer.base.vocab_size == tok.get_vocab_size() == 9  # 8 words + [UNK]
+    assert set(np.unique(ds.train_tokens)) <= set(range(ds.vocab_size))
+
+
+def test_hf_tokenizer_without_its_package_names_it(monkeypatch):
+    import sys
+    monkeypatch.setitem(sys.modules, "tokenizers", None)    # as if not installed
+    monkeypatch.setitem(sys.modules, "transformers", None)
+    with pytest.raises(ValueError, match=r"'gpt2'.*pip install tokenizers"):
+        tokenizers.HFTokenizer("gpt2")
