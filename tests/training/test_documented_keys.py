@@ -15,10 +15,16 @@ SECTIONS = ("model", "data", "train", "mesh", "logging")
 
 
 def readme_keys() -> set[str]:
-    """Every `section.key` the README names (train.py, the file, is not a key)."""
+    """Every `section.key` the README names; train.py and modules of the repository
+    (`python -m data.prepare`) are not keys."""
     text = (ROOT / "README.md").read_text()
     found = re.findall(rf"\b((?:{'|'.join(SECTIONS)})\.[a-z_]+)", text)
-    return {k for k in found if not k.endswith(".py")}
+
+    def is_module(name):
+        section, leaf = name.split(".")
+        return (leaf == "py" or (ROOT / section / f"{leaf}.py").exists()
+                or (ROOT / section / leaf).is_dir())
+    return {k for k in found if not is_module(k)}
 
 
 def data_package_keys() -> set[str]:
