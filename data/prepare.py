@@ -1,10 +1,14 @@
-"""Tokenize local text files once into a token store (format: data/store.py).
+"""Tokenize local text files or a Hugging Face dataset once into a token store
+(format: data/store.py).
 
     python -m data.prepare --files='corpus/*.txt' --out=stores/corpus [--tokenizer=byte]
+    python -m data.prepare --hf_name=NAME [--hf_subset=S --hf_split=train
+        --text_field=text --max_documents=N] --out=stores/NAME
 
 Documents are the files' (or their paragraphs' / lines', --sample_by) in the order
-`data.files` reads them (each glob sorted), empty ones dropped as the in-memory path
-drops them. Shards close once they hold --shard_tokens tokens (a document is never
+`data.files` reads them (each glob sorted), or a hub dataset's examples streamed in its
+order (`datasets.load_dataset(..., streaming=True)`; a local folder of data files works
+offline), empty ones dropped as the in-memory path drops them. Shards close once they hold --shard_tokens tokens (a document is never
 split). Killed at any moment, the same command carries on: finished shards are kept
 (their files checked against their records), the documents they hold are skipped
 unread by the tokenizer, and the store that results is byte for byte the one an
@@ -39,7 +43,30 @@ def iter_documents(paths: Sequence[str], sample_by: str, progress=None) -> Itera
             progress.update(os.path.getsize(path))
 
 
-def build_tokenizer(name: str, paths: Sequence[str], sample_by: str, out: pathlib.Path,
+def iter_hf(name: str, *, subset: str | None, split: str, text_field: str,
+            max_documents: int | None, progress=None) -> Iterator[str]:
+    """The documents of a hub dataset, streamed: memory holds one example at a time."""
+    try:
+        import datasets
+    except ImportError:
+        raise ImportError("--hf_name needs the `datasets` package: pip install datasets") from None
+    args = (name, subset) if subset else (name,)
+    try:
+        ds = datasets.load_dataset(*args, split=split, streaming=True)
+    except (FileNotFoundError, ConnectionError, OSError, ValueError) as e:
+        raise ValueError(f"could not stream Hugging Face dataset {name!r} (subset {subset!r}, "
+                         f"split {split!r}): {type(e).__name__}: {e}") from e
+    for i, ex in enumerate(ds):
+        if max_documents and i >= max_documents:
+            break
+        doc = sources._text_of(ex, text_field, f"dataset {name!r}")
+        if progress is not None:
+            progress.update(1)
+        if doc:
+            yield doc
+
+
+def build_tokenizer(name: str, documents, out: pathlib.Path,
                     vocab_size: int | None, tokenizer_dir: str | None):
     """The tokenizer to save beside the store; `char` and `sentencepiece` are trained on
     the whole corpus, as the in-memory path trains them (char by one streaming pass;
@@ -47,14 +74,14 @@ def build_tokenizer(name: str, paths: Sequence[str], sample_by: str, out: pathli
     if name == "char" and not (tokenizer_dir and
                                (pathlib.Path(tokenizer_dir) / "char_vocab.json").exists()):
         chars: set[str] = set()
-        for doc in iter_documents(paths, sample_by):
+        for doc in documents():
             chars.update(doc)
         return toks.CharTokenizer(sorted(chars))
     if name == "sentencepiece":
         if not vocab_size:
             raise ValueError("--tokenizer=sentencepiece needs --vocab_size")
         train_dir = tokenizer_dir or str(out / "sentencepiece")
-        return toks.build(name, list(iter_documents(paths, sample_by)),
+        return toks.build(name, list(documents()),
                           tokenizer_dir=train_dir, vocab_size=vocab_size)
     return toks.build(name, None, tokenizer_dir=tokenizer_dir, vocab_size=vocab_size)
 
@@ -94,15 +121,34 @@ def finished_shards(out: pathlib.Path) -> list[dict]:
 def prepare(files, out, *, tokenizer: str = "byte", sample_by: str = "document",
             shard_tokens: int = 1 << 26, vocab_size: int | None = None,
             tokenizer_dir: str | None = None, max_shards: int | None = None,
-            progress: bool = True) -> dict | None:
-    """Writes (or finishes) the store in `out`; returns its manifest, or None when it
-    stopped after `max_shards` new shards (what a kill leaves, for tests)."""
+            progress: bool = True, hf_name: str | None = None, hf_subset: str | None = None,
+            hf_split: str = "train", text_field: str = "text",
+            max_documents: int | None = None) -> dict | None:
+    """Writes (or finishes) the store in `out` from `files` or, with `files` None, the
+    hub dataset `hf_name`; returns its manifest, or None when it stopped after
+    `max_shards` new shards (what a kill leaves, for tests)."""
     if shard_tokens <= 0:
         raise ValueError(f"--shard_tokens must be positive, got {shard_tokens}")
-    paths = sources.resolve_files(files)
+    if (files is None) == (hf_name is None):
+        raise ValueError("give either --files (local text) or --hf_name (a hub dataset)")
     out = pathlib.Path(os.path.expanduser(str(out)))
-    settings = {"files": paths, "tokenizer": tokenizer, "sample_by": sample_by,
-                "shard_tokens": int(shard_tokens), "vocab_size": vocab_size}
+    settings = {"tokenizer": tokenizer, "shard_tokens": int(shard_tokens),
+                "vocab_size": vocab_size}
+    if files is not None:
+        paths = sources.resolve_files(files)
+        settings.update(files=paths, sample_by=sample_by)
+
+        def documents(bar=None):
+            return iter_documents(paths, sample_by, bar)
+        progress_total = sum(os.path.getsize(p) for p in paths)
+    else:
+        hf = dict(subset=hf_subset, split=hf_split, text_field=text_field,
+                  max_documents=max_documents)
+        settings.update(hf_name=hf_name, **{f"hf_{k}": v for k, v in hf.items()})
+
+        def documents(bar=None):
+            return iter_hf(hf_name, progress=bar, **hf)
+        progress_total = None
     if (out / st.MANIFEST).exists():
         directory, manifest = st.load_manifest(out)
         _check_settings(out, manifest.get("settings"), settings)
@@ -120,7 +166,7 @@ def prepare(files, out, *, tokenizer: str = "byte", sample_by: str = "document",
     if (out / st.TOKENIZER).exists():  # a resumed run keeps the tokenizer it trained
         tok = toks.from_config(_absolute(st.read_json(out / st.TOKENIZER, "tokenizer"), out))
     else:
-        tok = build_tokenizer(tokenizer, paths, sample_by, out, vocab_size, tokenizer_dir)
+        tok = build_tokenizer(tokenizer, documents, out, vocab_size, tokenizer_dir)
         save_tokenizer(tok, out)
         tok = toks.from_config(_absolute(st.read_json(out / st.TOKENIZER, "tokenizer"), out))
     eod_id = int(tok.vocab_size)  # the id WithSpecials(tok, [EOD]) gives, as data.text
@@ -131,12 +177,12 @@ def prepare(files, out, *, tokenizer: str = "byte", sample_by: str = "document",
     bar = None
     if progress:
         from tqdm import tqdm
-        bar = tqdm(total=sum(os.path.getsize(p) for p in paths), unit="B", unit_scale=True,
-                   desc=f"tokenizing into {out.name}", file=sys.stderr)
+        bar = tqdm(total=progress_total, unit="B" if progress_total else "doc",
+                   unit_scale=True, desc=f"tokenizing into {out.name}", file=sys.stderr)
     written, docs, n_tokens, index = 0, [], 0, skip
     encode = getattr(tok, "encode_array", None) or (lambda t: np.asarray(tok.encode(t), np.int64))
     try:
-        for i, doc in enumerate(iter_documents(paths, sample_by, bar)):
+        for i, doc in enumerate(documents(bar)):
             if i < skip:
                 continue  # held by a finished shard: not tokenized again
             ids = encode(doc)
@@ -156,7 +202,7 @@ def prepare(files, out, *, tokenizer: str = "byte", sample_by: str = "document",
         if bar is not None:
             bar.close()
     if not records:
-        raise ValueError(f"no text found in {paths}")
+        raise ValueError(f"no text found in {settings.get('files') or hf_name}")
     manifest = {"format": st.FORMAT, "version": st.VERSION, "settings": settings,
                 "tokenizer": st.tokenizer_identity(tok), "eod_id": eod_id,
                 "dtype": dtype.name, "num_shards": len(records),
@@ -186,7 +232,12 @@ def _check_settings(out: pathlib.Path, old: dict | None, new: dict) -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m data.prepare", description=__doc__.split("\n\n")[0])
-    p.add_argument("--files", required=True, nargs="+", help="text files or globs")
+    p.add_argument("--files", nargs="+", help="text files or globs")
+    p.add_argument("--hf_name", help="a hub dataset (or a local folder of data files)")
+    p.add_argument("--hf_subset", default=None)
+    p.add_argument("--hf_split", default="train")
+    p.add_argument("--text_field", default="text")
+    p.add_argument("--max_documents", type=int, default=None)
     p.add_argument("--out", required=True, help="the store directory")
     p.add_argument("--tokenizer", default="byte",
                    help="byte | char | sentencepiece | a Hugging Face name or path")
@@ -199,12 +250,14 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="stop after this many new shards (as a kill would)")
     p.add_argument("--no_progress", action="store_true")
     a = p.parse_args(argv)
-    files = a.files[0] if len(a.files) == 1 else a.files
+    files = None if not a.files else a.files[0] if len(a.files) == 1 else a.files
     try:
         prepare(files, a.out, tokenizer=a.tokenizer, sample_by=a.sample_by,
                 shard_tokens=a.shard_tokens, vocab_size=a.vocab_size,
                 tokenizer_dir=a.tokenizer_dir, max_shards=a.max_shards,
-                progress=not a.no_progress)
+                progress=not a.no_progress, hf_name=a.hf_name, hf_subset=a.hf_subset,
+                hf_split=a.hf_split, text_field=a.text_field,
+                max_documents=a.max_documents)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

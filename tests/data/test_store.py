@@ -265,3 +265,33 @@ def test_rows_visit_each_epochs_permutation_of_the_stream(corpus):
             start = np.random.default_rng([seed, int(e), 1]).permutation(n_rows)[r] * T
             want.append(stream[start:start + T])
         np.testing.assert_array_equal(ds.batch(step, B)["inputs"], np.stack(want))
+
+
+def test_hub_dataset_streams_into_a_store_equal_to_the_in_memory_hf_path(tmp_path):
+    """A local folder of JSON-lines files read as a hub dataset (offline), streamed."""
+    rng = random.Random(2)
+    texts = []
+    (tmp_path / "hub").mkdir()
+    for f in range(2):
+        rows = [" ".join(rng.choice(["ab", "çd", "e", "日"]) for _ in range(rng.randint(0, 60)))
+                for _ in range(30)]
+        texts += rows
+        (tmp_path / "hub" / f"part{f}.jsonl").write_text(
+            "".join(json.dumps({"body": t}) + "\n" for t in rows))
+    out = tmp_path / "store"
+    kw = dict(hf_name=str(tmp_path / "hub"), text_field="body", shard_tokens=500,
+              progress=False)
+    assert prep.prepare(None, out, max_shards=1, **kw) is None
+    m = prep.prepare(None, out, **kw)
+    tokens = np.concatenate([np.load(out / r["tokens_file"]) for r in m["shards"]])
+    want = [b for t in texts if t for b in list(t.encode("utf-8")) + [EOD]]
+    assert tokens.tolist() == want and m["num_shards"] > 2
+    common = {"seq_len": 16, "packing": "rows", "text_field": "body"}
+    mem = data.build(dict(common, source="hf", name=str(tmp_path / "hub")), seed=1)
+    disk = data.build(dict(common, source="store", store=str(out)), seed=1)
+    for step in range(4):
+        a, b = mem.batch(step, 8), disk.batch(step, 8)
+        for k in data.BATCH_KEYS:
+            np.testing.assert_array_equal(a[k], b[k])
+    with pytest.raises(ValueError, match="either --files"):
+        prep.prepare(None, tmp_path / "x", progress=False)
