@@ -295,3 +295,35 @@ def test_hub_dataset_streams_into_a_store_equal_to_the_in_memory_hf_path(tmp_pat
             np.testing.assert_array_equal(a[k], b[k])
     with pytest.raises(ValueError, match="either --files"):
         prep.prepare(None, tmp_path / "x", progress=False)
+
+
+def test_sigkilled_prepare_resumes_to_the_same_bytes(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.training.conftest import ROOT, env
+
+    write_corpus(tmp_path / "text", n_files=40, seed=3)
+    args = [sys.executable, "-m", "data.prepare", f"--files={tmp_path / 'text' / '*.txt'}",
+            "--shard_tokens=1500", "--no_progress"]
+    ref = subprocess.run(args + [f"--out={tmp_path / 'ref'}"], cwd=ROOT, env=env(),
+                         capture_output=True, text=True, timeout=120)
+    assert ref.returncode == 0, ref.stderr
+    out = tmp_path / "killed"
+    proc = subprocess.Popen(args + [f"--out={out}"], cwd=ROOT, env=env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    t0 = time.time()
+    while not (out / "shard_00003.json").exists() and proc.poll() is None:
+        assert time.time() - t0 < 120
+        time.sleep(0.002)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    if (out / st.MANIFEST).exists():
+        pytest.skip("the preparation finished before the kill landed")
+    again = subprocess.run(args + [f"--out={out}"], cwd=ROOT, env=env(),
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert store_files(out) == store_files(tmp_path / "ref")
