@@ -30,17 +30,46 @@ from data import store as st
 from data import tokenizers as toks
 
 
-def iter_documents(paths: Sequence[str], sample_by: str, progress=None) -> Iterator[str]:
-    """The documents of `paths`, one file in memory at a time."""
+def iter_documents(paths: Sequence[str], sample_by: str, progress=None,
+                   chunk_chars: int = 1 << 24) -> Iterator[str]:
+    """The documents of `paths`. By paragraph or line a file is read `chunk_chars`
+    characters at a time, so memory holds one chunk, not the file: the text after the
+    chunk's last separator is carried into the next, which splits exactly as
+    `str.split("\n\n")` / `str.splitlines()` of the whole file (data.sources' units)."""
     if sample_by not in sources.SAMPLE_BY:
         raise ValueError(f"--sample_by must be one of {sources.SAMPLE_BY}, got {sample_by!r}")
     for path in paths:
-        text = pathlib.Path(path).read_text(encoding="utf-8")
-        for doc in sources._split_plain(text, sample_by):
-            if doc:
-                yield doc
+        # Text mode with universal newlines, as pathlib.read_text (data.sources) reads.
+        with open(path, encoding="utf-8") as f:
+            if sample_by == "document":
+                docs = [f.read()]
+            else:
+                docs = _split_chunks(f, sample_by, chunk_chars)
+            for doc in docs:
+                if doc:
+                    yield doc
         if progress is not None:
             progress.update(os.path.getsize(path))
+
+
+def _split_chunks(f, sample_by: str, chunk_chars: int) -> Iterator[str]:
+    carry = ""
+    while chunk := f.read(chunk_chars):
+        text = carry + chunk
+        if sample_by == "paragraph":
+            parts = text.split("\n\n")
+            carry = parts.pop()
+            yield from parts
+        else:
+            # keepends: the last piece may be a line whose end (or "\r\n") is still to come.
+            parts = text.splitlines(keepends=True)
+            carry = parts.pop() if parts else ""
+            for line in parts:
+                yield line.splitlines()[0] if line.splitlines() else ""
+    if sample_by == "paragraph":
+        yield carry
+    else:
+        yield from carry.splitlines()
 
 
 def iter_hf(name: str, *, subset: str | None, split: str, text_field: str,
@@ -186,7 +215,9 @@ def prepare(files, out, *, tokenizer: str = "byte", sample_by: str = "document",
             if i < skip:
                 continue  # held by a finished shard: not tokenized again
             ids = encode(doc)
-            docs.append(ids)
+            if len(ids) and (ids.min() < 0 or ids.max() >= eod_id):
+                raise ValueError(f"the tokenizer gave ids outside [0, {eod_id}) for document {i}")
+            docs.append(ids.astype(dtype))  # the shard's type: half an int32 list's memory
             n_tokens += len(ids) + 1
             if n_tokens >= shard_tokens:
                 if max_shards is not None and written >= max_shards:

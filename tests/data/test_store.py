@@ -327,3 +327,19 @@ def test_sigkilled_prepare_resumes_to_the_same_bytes(tmp_path):
                            capture_output=True, text=True, timeout=120)
     assert again.returncode == 0, again.stderr
     assert store_files(out) == store_files(tmp_path / "ref")
+
+
+@pytest.mark.parametrize("sample_by", ["paragraph", "line"])
+def test_files_read_in_chunks_split_as_the_whole_text(tmp_path, sample_by):
+    """Separators cut by a chunk end ("\\n|\\n", "\\r|\\n") split as str.split("\\n\\n") /
+    str.splitlines() of the whole file read by pathlib (data.sources' reader)."""
+    from data.sources import _split_plain
+
+    rng = random.Random(7)
+    alphabet = ["a", "b", "\n", "\n", "\r", "\r\n", "\u2028", "é", "\x0c", " "]
+    path = tmp_path / "f.txt"
+    for _ in range(150):
+        path.write_bytes("".join(rng.choice(alphabet) for _ in range(rng.randint(0, 50))).encode())
+        want = [d for d in _split_plain(path.read_text(encoding="utf-8"), sample_by) if d]
+        for chunk in (1, 2, 5, 1000):
+            assert list(prep.iter_documents([str(path)], sample_by, chunk_chars=chunk)) == want
