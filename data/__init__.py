@@ -100,6 +100,8 @@ def build(cfg_data: Mapping, *, seed: int, tokenizer=None) -> Dataset:
         from data.store_dataset import StoreDataset
         ds = StoreDataset(cfg_data, seed=seed, tokenizer=tokenizer)
         depth = int(cfg_get(cfg_data, "prefetch", 2))
+        if depth < 0:
+            raise ValueError(f"data.prefetch={depth}: use a number of batches >= 0")
         if depth > 0:
             from data.prefetch import Prefetched
             ds = Prefetched(ds, depth)

@@ -224,7 +224,24 @@ def _check_data(d) -> None:
     rnq = d.get("random_non_queries")
     if rnq is not None and not isinstance(rnq, bool):
         raise ConfigError(f"data.random_non_queries={rnq!r}: use true or false")
+    _check_store_keys(d, source)
     _check_task_keys(d)
+
+
+def _check_store_keys(d, source) -> None:
+    """data.source=store's keys (data/store_dataset.py), when set; the store itself is
+    checked when it is opened (data.store.StoreError names the file)."""
+    if source == "store" and not d.get("store"):
+        raise ConfigError("data.source=store needs data.store=PATH, a directory written by "
+                          "python -m data.prepare --files=... --out=PATH")
+    depth = d.get("prefetch")
+    if depth is not None and not (isinstance(depth, int) and not isinstance(depth, bool)
+                                  and depth >= 0):
+        raise ConfigError(f"data.prefetch={depth!r}: use a number of batches >= 0 "
+                          "(0: no reading ahead)")
+    verify = d.get("verify_store")
+    if verify is not None and not isinstance(verify, bool):
+        raise ConfigError(f"data.verify_store={verify!r}: use true or false")
 
 
 # Task keys that must be positive integers when set (0 or less builds no task).

@@ -343,3 +343,14 @@ def test_files_read_in_chunks_split_as_the_whole_text(tmp_path, sample_by):
         want = [d for d in _split_plain(path.read_text(encoding="utf-8"), sample_by) if d]
         for chunk in (1, 2, 5, 1000):
             assert list(prep.iter_documents([str(path)], sample_by, chunk_chars=chunk)) == want
+
+
+def test_store_keys_are_checked_before_anything_runs():
+    from tests.training.conftest import tiny_config
+    from training import config_tools
+
+    for over, message in [({"data.source": "store"}, "needs data.store=PATH"),
+                          ({"data.source": "store", "data.store": "s", "data.prefetch": -1},
+                           "data.prefetch=-1: use a number of batches >= 0")]:
+        with pytest.raises(config_tools.ConfigError, match=message):
+            config_tools.check_config(tiny_config(**over))
