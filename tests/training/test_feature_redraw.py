@@ -13,6 +13,7 @@ from models import LanguageModel
 from tests.models.helpers import tiny_config as tiny_model_config
 from tests.training.conftest import tiny_config
 from training import builders, loop, metrics, model_state, runtime
+from training import step as step_fns
 from training import sharding as shd
 
 
@@ -49,35 +50,38 @@ def test_features_change_exactly_when_step_over_n_does():
     assert all(np.array_equal(a, b) for a, b in zip(draws[5], _omegas(again, steps, 5)))
 
 
-def _train_step_losses(config, step_indices):
-    """The train step's loss on batch 0 at each step index (one compile): only the keys
-    of the step change."""
+PERFORMER = {"model.mixer": "performer", "model.num_random_features": 16}
+
+
+def test_train_step_uses_the_period_draw_in_every_microbatch():
+    """Two microbatches, a redraw every 2 steps: the jitted train step's loss on one
+    batch moves only when step // 2 does, and equals the loss of the whole batch at once
+    under the period's features (an eager reference): the microbatches share the draw."""
+    config = tiny_config(**PERFORMER, **{"model.performer_redraw_every": 2,
+                                         "train.grad_accum": 2})
     dataset = builders.build_dataset(config)
     mesh = runtime.make_mesh(config)
     model, layout = runtime.describe_model(
         config, builders.build_model_config(config, dataset), mesh)
     params, opt_state, rest = runtime.init_fresh(model, layout)
     steps = runtime.compile_steps(model, rest, layout, config.train, mesh, dataset.packed)
-    batch = shd.global_batch(dataset.batch(0, config.train.batch_size), layout.batch)
-    out = []
-    for s in step_indices:
+    host = dataset.batch(0, config.train.batch_size)
+    batch = shd.global_batch(host, layout.batch)
+    got = []
+    for s in range(4):
         p, o = jax.tree.map(jnp.copy, (params, opt_state))  # the step donates them
-        out.append(float(steps.train(p, o, batch, steps.key(s), steps.feature_key(s))[2]
+        got.append(float(steps.train(p, o, batch, steps.key(s), steps.feature_key(s))[2]
                          ["loss"]))
-    return out
+    assert got[0] == got[1] and got[2] == got[3] and got[0] != got[2]
 
-
-PERFORMER = {"model.mixer": "performer", "model.num_random_features": 16}
-
-
-def test_train_step_uses_the_period_draw_in_every_microbatch():
-    kw = {**PERFORMER, "model.performer_redraw_every": 2}
-    one = _train_step_losses(tiny_config(**kw), [0, 1, 2, 3])
-    # Through the jitted train step: the loss moves only when step // 2 does.
-    assert one[0] == one[1] and one[2] == one[3] and one[0] != one[2]
-    # Two microbatches use the step's draw too: the loss of one big batch.
-    two = _train_step_losses(tiny_config(**kw, **{"train.grad_accum": 2}), [0, 2])
-    assert two == pytest.approx([one[0], one[2]], rel=1e-5)
+    parts = model_state.ModelParts(model.graphdef, model.template, rest, model.names,
+                                   model.logical, model.shapes)
+    for s in (0, 2):
+        whole = parts.merge(params, model_state.rekey(rest, steps.key(s),
+                                                      steps.feature_key(s)))
+        total, count, _ = step_fns.loss_sums(whole, host, deterministic=False,
+                                             packed=dataset.packed)
+        assert got[s] == pytest.approx(float(total / count), rel=1e-5)
 
 
 def test_resume_mid_period_gives_identical_losses(tmp_path):
