@@ -357,6 +357,8 @@ class _Saver:
         meta = {"step": state.step, "data_position": state.step, "seed": seed,
                 "early_stop": state.early.saved(),
                 "rng": f"jax.random.fold_in(key({seed}), step)",
+                "feature_rng": f"jax.random.fold_in(key({seed}), step // "
+                               f"{max(int(self.config.model.performer_redraw_every), 1)})",
                 "config": config_tools.to_plain(self.config)}
         self.ckpt.save(state.step, state.params, state.opt_state, meta, force=True,
                        eval_loss=eval_loss if self.keep_best else None)
