@@ -41,7 +41,10 @@ def _as_rng(rng_or_seed):
     return np.random.default_rng(rng_or_seed)
 
 
-def check_shape(seq_len: int, num_kv_pairs: int, vocab_size: int) -> None:
+def check_shape(seq_len: int, num_kv_pairs: int, vocab_size: int,
+                vocab_key: str = "vocab_size") -> None:
+    """ValueError unless the task fits; vocab_key: the config key vocab_size came from
+    (mqar_vocab_size when set), which the message names."""
     if seq_len % 2:
         raise ValueError(f"MQAR seq_len must be even (key/query slots are pairs), got {seq_len}")
     if num_kv_pairs < 1:
@@ -50,9 +53,9 @@ def check_shape(seq_len: int, num_kv_pairs: int, vocab_size: int) -> None:
         raise ValueError(f"MQAR needs seq_len >= 4 * num_kv_pairs (context plus one query "
                          f"slot per key); got seq_len={seq_len}, num_kv_pairs={num_kv_pairs}")
     if vocab_size <= seq_len:
-        raise ValueError(f"MQAR vocab_size ({vocab_size}) must exceed seq_len ({seq_len}), as in Zoology")
+        raise ValueError(f"MQAR {vocab_key} ({vocab_size}) must exceed seq_len ({seq_len}), as in Zoology")
     if num_kv_pairs > vocab_size // 2 - 1:
-        raise ValueError(f"MQAR vocab_size {vocab_size} has only {vocab_size // 2 - 1} keys "
+        raise ValueError(f"MQAR {vocab_key} {vocab_size} has only {vocab_size // 2 - 1} keys "
                          f"for num_kv_pairs={num_kv_pairs}")
 
 
@@ -110,8 +113,9 @@ class MQARDataset(Dataset):
         self.task_vocab = int(cfg_get(cfg, "mqar_vocab_size", cfg_get(cfg, "vocab_size", 8192)))
         self.power_a = float(cfg_get(cfg, "power_a", 0.01))
         self.random_non_queries = bool(cfg_get(cfg, "random_non_queries", False))
+        vocab_key = "mqar_vocab_size" if cfg_get(cfg, "mqar_vocab_size") else "vocab_size"
         for k in self.kv_choices:
-            check_shape(self.seq_len, k, self.task_vocab)
+            check_shape(self.seq_len, k, self.task_vocab, vocab_key)
         if tokenizer is None:
             self.vocab_offset = 0
             self.tokenizer = IntegerTokenizer(self.task_vocab)

@@ -391,6 +391,12 @@ def test_random_documented_overrides_start_or_name_the_key():
         "data.num_kv_pairs": st.sampled_from(["1", "2", "8", "[2,4]", "[0]", "[]", "x"]),
         "data.random_non_queries": st.sampled_from(["true", "false", "maybe"]),
         "data.val_fraction": st.sampled_from(["0.0", "0.1", "-0.5", "1.5"]),
+        "data.power_a": st.sampled_from(["0.01", "0.5", "0", "-1", "x"]),
+        "data.mqar_vocab_size": st.sampled_from(["8", "64", "512", "0", "-3"]),
+        "data.max_documents": st.sampled_from(["0", "10", "-1"]),
+        "data.niah_kind": st.sampled_from(["passkey", "multikey", "haystack"]),
+        "data.niah_depths": st.sampled_from(["[0.5]", "[0.1,0.9]", "[2]", "0.5", "[]"]),
+        "data.num_digits": st.sampled_from(["5", "0", "-2"]),
         "logging.wandb": st.sampled_from(["offline", "disabled", "online", "loud"]),
     }
     import ast
