@@ -80,9 +80,17 @@ def train_population(config, workdir: str, lrs: Sequence[float], seeds: Sequence
     stop_at: after this many steps save and raise loop.Interrupted, as a SIGTERM would
     (a kill at a known step, for tests)."""
     config_tools.check_config(config)
+    members = make_members(config, workdir, lrs, seeds)
+    for m in members:  # a negative lr, say, is named as train.py names it
+        config_tools.check_config(m.config)
+    if jax.process_count() > 1:
+        # The members' batches are built whole on the host and placed by jit, which is
+        # right only when one process sees every device.
+        raise config_tools.ConfigError("population training runs in one process; start "
+                                       "one population per host instead")
     with jax.default_prng_impl(config.train.get("prng_impl", "threefry2x32")):
         try:
-            return _train_population(config, pathlib.Path(workdir), lrs, seeds, stop_at)
+            return _train_population(config, pathlib.Path(workdir), members, stop_at)
         except (checkpoint.CheckpointSaveFailed, workdir_lock.WorkdirLocked) as e:
             raise loop.TrainingError(str(e)) from e
 
@@ -146,15 +154,15 @@ def _restore_member(ckpt, model: runtime.Model, layout: runtime.Layout, patience
     raise loop.TrainingError(f"no checkpoint in {ckpt.directory} can be read")
 
 
-def _restore_all(ckpts, models, layout, patience, model_section, diverged: dict):
+def _restore_all(ckpts, models, layout, patience, model_section, diverged: list[bool]):
     """Every member restored at one population step: the newest step that all members
     still training have (a kill between two members' saves leaves some a step ahead;
     they go back to the common one). A member stopped early at or before that step
     stays at its stop; a diverged member is restored (for its results) but frozen."""
     first = [_restore_member(c, m, layout, patience, model_section, None)
              for c, m in zip(ckpts, models)]
-    going = [st.step for (st, _, _), c in zip(first, ckpts)
-             if not st.early.stopped and str(c.directory.parent) not in diverged]
+    going = [st.step for (st, _, _), gone in zip(first, diverged)
+             if not st.early.stopped and not gone]
     target = min(going) if going else None
     out = []
     for (st, rest, meta), c, m in zip(first, ckpts, models):
@@ -229,9 +237,11 @@ def _member(tree, i: int):
 
 
 # ------------------------------------------------------------------------- the run
-def _train_population(config, workdir: pathlib.Path, lrs, seeds, stop_at) -> list[dict]:
+def _train_population(config, workdir: pathlib.Path, members: list[Member],
+                      stop_at) -> list[dict]:
     t_cfg = config.train
-    members = make_members(config, workdir, lrs, seeds)
+    lrs = sorted({m.lr for m in members})
+    seeds = sorted({m.seed for m in members})
     datasets = {}
     for m in members:  # one data stream per seed, as each separate run builds it
         if m.seed not in datasets:
@@ -255,7 +265,8 @@ def _train_population(config, workdir: pathlib.Path, lrs, seeds, stop_at) -> lis
             m.workdir, keep=t_cfg.keep_checkpoints, async_save=t_cfg.async_checkpoints,
             keep_best=keep_best))) for m in members]
         restored = _restore_all(ckpts, models, layout, patience, config.model.to_dict(),
-                                record["diverged"])
+                                [member_name(m.lr, m.seed) in record["diverged"]
+                                 for m in members])
         runs, states, rests = [], [], []
         for m, model, ckpt, (st, rest, meta) in zip(members, models, ckpts, restored):
             if meta is not None:
@@ -271,13 +282,17 @@ def _train_population(config, workdir: pathlib.Path, lrs, seeds, stop_at) -> lis
             steps = runtime.compile_steps(model, rest, layout, m.config.train, mesh, packed)
             run = _MemberRun(m, st.early, st.step, meta is not None, saver, sinks, steps,
                              model.schedule)
-            run.diverged_at = record["diverged"].get(str(m.workdir))
+            run.diverged_at = record["diverged"].get(member_name(m.lr, m.seed))
             runs.append(run)
             states.append(st)
             rests.append(rest)
-        params = _stack([st.params for st in states])
-        opt_state = _stack([st.opt_state for st in states])
-        rests = _stack(rests)
+        # Members on a new leading axis, replicated over it (each member's arrays keep
+        # their own layout on the mesh).
+        lead = lambda tree: jax.tree.map(lambda sh: _leading(sh, mesh), tree)
+        params = jax.device_put(_stack([st.params for st in states]), lead(layout.params))
+        opt_state = jax.device_put(_stack([st.opt_state for st in states]),
+                                   lead(layout.opt_state))
+        rests = jax.device_put(_stack(rests), _leading(layout.replicated, mesh))
         del states, restored
         train, evaluate = _compile(models[0], layout, t_cfg, mesh, packed,
                                    [model.schedule for model in models],
@@ -413,7 +428,7 @@ class _Population:
     def _diverged(self, r: _MemberRun, step: int, loss: float) -> None:
         r.diverged_at = step
         r.step = step - 1  # its state is that after the last finite step
-        self.record["diverged"][str(r.member.workdir)] = step
+        self.record["diverged"][member_name(r.member.lr, r.member.seed)] = step
         _write_population(self.workdir, self.record)
         self.progress.write(f"{r.member.workdir.name}: loss {loss} or its gradients or "
                             f"parameters non-finite at step {step}; frozen, not saved "
@@ -507,13 +522,10 @@ def _main(argv):
 
 if __name__ == "__main__":
     from absl import app, flags
-    from ml_collections import config_flags
-    import train as train_cli
-    flags.DEFINE_string("workdir", None, "Directory of the population (a folder per member).")
+    import train as train_cli  # its --workdir and --config, and their checks
     flags.DEFINE_string("lrs", None, "Comma-separated learning rates, e.g. 1e-3,3e-3.")
     flags.DEFINE_string("seeds", "0", "Comma-separated seeds, e.g. 0,1,2.")
-    config_flags.DEFINE_config_file("config", None, "Experiment config file.",
-                                    lock_config=True)
+    train_cli._define_config_flag()
     train_cli.precheck_argv(sys.argv)
     flags.mark_flags_as_required(["workdir", "lrs"])
     app.run(_main)

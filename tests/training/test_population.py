@@ -59,6 +59,11 @@ def test_stop_and_resume_is_bitwise_the_uninterrupted_population(full_population
     for lr in LRS:
         for s in SEEDS:
             assert max(losses(member_dir(tmp_path, lr, s))) == 6
+    # A kill between two members' saves: one member lacks step 6, so every member goes
+    # back to step 4, the newest step all of them have.
+    import shutil
+    from training import checkpoint
+    shutil.rmtree(member_dir(tmp_path, LRS[0], SEEDS[0]) / checkpoint.CHECKPOINT_DIR / "6")
     population.train_population(tiny_config(), tmp_path, LRS, SEEDS)
     for lr in LRS:
         for s in SEEDS:
@@ -84,3 +89,28 @@ def test_early_stop_freezes_only_that_member(tmp_path):
         assert max(abs(got[s] - expected[s]) for s in expected) <= 1e-6
         assert [s for s, _ in evals(member_dir(tmp_path / "pop", r["lr"], 0))] == \
             [s for s, _ in evals(ref_dir)]
+
+
+def test_cli_freezes_a_diverging_member_and_prints_the_table(full_population, tmp_path):
+    # lr inf makes step 1's update NaN (0 * inf in the warmup): that member is frozen
+    # and named; the other member trains on exactly as in the 4-member population.
+    import json
+    import subprocess
+    import sys
+    from tests.training.conftest import ROOT, TINY, env
+    root, _ = full_population
+    args = ([sys.executable, "-m", "training.population",
+             "--config=" + str(ROOT / "configs/mqar.py"), f"--workdir={tmp_path}",
+             "--lrs=inf,1e-3", "--seeds=0"]
+            + [f"--config.{k}={v}" for k, v in TINY.items()])
+    done = subprocess.run(args, cwd=ROOT, env=env(), capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "| inf | 0 | 0 | nan | nan | diverged at step 1 |" in done.stdout, done.stdout
+    assert "| 0.001 | 0 | 12 |" in done.stdout
+    assert json.loads((tmp_path / population.POPULATION_FILE).read_text()) == {
+        "diverged": {population.member_name(float("inf"), 0): 1}}
+    assert losses(member_dir(tmp_path, float("inf"), 0)) == {}
+    got, expected = losses(member_dir(tmp_path, 1e-3, 0)), losses(member_dir(root, 1e-3, 0))
+    assert sorted(got) == sorted(expected)
+    assert max(abs(got[s] - expected[s]) for s in expected) <= 1e-6
