@@ -275,8 +275,7 @@ def _train_population(config, workdir: pathlib.Path, members: list[Member],
             log = opened.enter_context(contextlib.closing(metrics.MetricsFile(
                 m.workdir, resume_step=st.step if meta is not None else None)))
             sinks = metrics.Sinks(log, metrics.WandbLogger(
-                m.workdir, mode="disabled", project="", name="", config={}),
-                metrics.Progress(False, 0, 0))
+                m.workdir, mode="disabled", project="", name="", config={}), _Silent())
             saver = loop._Saver(ckpt, m.config, last_saved=st.step if meta else None,
                                 keep_best=keep_best)
             steps = runtime.compile_steps(model, rest, layout, m.config.train, mesh, packed)
@@ -300,7 +299,8 @@ def _train_population(config, workdir: pathlib.Path, members: list[Member],
         going = [r.step for r in runs if r.active]
         start = min(going) if going else t_cfg.steps
         where = f"resuming from step {start}" if start else "starting fresh"
-        print(f"population of {len(members)} (lrs {list(lrs)} x seeds {list(seeds)}); "
+        print(f"population of {len(members)} (lrs {list(lrs)} x seeds {list(seeds)}; "
+              f"members in order: {', '.join(m.workdir.name for m in members)}); "
               f"{n_params:,} parameters each; {where}", file=sys.stderr, flush=True)
         progress = opened.enter_context(contextlib.closing(metrics.Progress(
             config.logging.progress, start, t_cfg.steps)))
@@ -310,6 +310,19 @@ def _train_population(config, workdir: pathlib.Path, members: list[Member],
                           loop._Speed(config, model_cfg, n_params, start))
         pop.run(start, stop, stop_at)
         return pop.finish()
+
+
+class _Silent:
+    """A member's terminal: silent, the population shows one line for all members."""
+
+    def update(self, n=1):
+        pass
+
+    def show(self, entry):
+        pass
+
+    def write(self, text):
+        pass
 
 
 class _Population:
@@ -416,7 +429,9 @@ class _Population:
                     self._diverged(r, step, float(m["loss"][i]))
         if log_now:
             step, m = steps[-1], values[-1]
+            # A member's tokens/s and MFU are its own, as its separate run would log them.
             tokens_per_s = self.speed.tokens_per_s(step)
+            shown = []
             for i, r in enumerate(self.runs):
                 if actives[-1][i] and r.diverged_at is None:
                     r.sinks.show({"step": step, "loss": float(m["loss"][i]),
@@ -424,6 +439,21 @@ class _Population:
                                   "tokens_per_s": tokens_per_s,
                                   "grad_norm": float(m["grad_norm"][i]),
                                   "mfu": self.speed.mfu(tokens_per_s)})
+                    shown.append(f"{float(m['loss'][i]):.4f}")
+                else:
+                    shown.append("-")
+            total = tokens_per_s * sum(a for a in actives[-1])
+            self._show(f"step {step}: losses {' '.join(shown)} (members in order); "
+                       f"{total:.0f} tok/s in all", min(
+                           (float(m["loss"][i]) for i, a in enumerate(actives[-1]) if a),
+                           default=math.nan))
+
+    def _show(self, line: str, best_loss: float) -> None:
+        """The progress bar's postfix (the lowest member loss), or a line per log."""
+        if self.progress.bar is not None:
+            self.progress.bar.set_postfix(best_loss=f"{best_loss:.4f}", refresh=False)
+        else:
+            print(line, flush=True)
 
     def _diverged(self, r: _MemberRun, step: int, loss: float) -> None:
         r.diverged_at = step
