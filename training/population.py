@@ -193,7 +193,12 @@ def _compile(model: runtime.Model, layout: runtime.Layout, t_cfg, mesh, packed: 
     Member i's lr is its own schedule, picked by its index: every schedule is computed
     with its Python-constant lr, exactly the ops of member i's separate run, and the
     pick is exact; a traced lr would not be (optax derives the cosine's floor as
-    end / peak in Python, which a traced peak cannot do)."""
+    end / peak in Python, which a traced peak cannot do).
+
+    Measured on CPU: a member's gradients at given parameters are bitwise its separate
+    run's, but XLA compiles the vmapped (batched-shape) optimizer update into other
+    loops, which round a few elements an ulp differently; tiny-MQAR losses then differ
+    by at most 2 float32 ulps over 12 steps and 1.2e-6 over 150."""
     lead = lambda tree: jax.tree.map(lambda s: _leading(s, mesh), tree)
     repl = _leading(layout.replicated, mesh)
 
