@@ -91,7 +91,11 @@ def test_damaged_newest_step_is_named_and_the_one_before_loaded(run_copy, fault,
     assert newest.is_dir()  # a reader moves nothing
 
 
-@pytest.mark.parametrize("fault", ["truncated_file", "arrays_of_another_step"])
+# Every fault is detected through load_for_eval above; a full resume is checked for one
+# fault in the default suite, for a second behind -m slow (each is a training run).
+@pytest.mark.parametrize("fault", ["truncated_file",
+                                   pytest.param("arrays_of_another_step",
+                                                marks=pytest.mark.slow)])
 def test_resume_skips_a_damaged_newest_step_with_identical_losses(trained, run_copy,
                                                                   fault, capsys):
     ref, _ = trained
@@ -111,7 +115,8 @@ def test_resume_skips_a_damaged_newest_step_with_identical_losses(trained, run_c
     assert steps_on_disk(run_copy) == [6, 8, 12]
 
 
-@pytest.mark.parametrize("fault", ["empty_folder", "truncated_file"])
+@pytest.mark.parametrize("fault", ["empty_folder",
+                                   pytest.param("truncated_file", marks=pytest.mark.slow)])
 def test_cli_names_a_damaged_step_in_one_line(run_copy, fault):
     FAULTS[fault](run_copy / checkpoint.CHECKPOINT_DIR / "12")
     r = run_cli(cli_args(RUN, run_copy))
