@@ -116,3 +116,46 @@ def test_cli_freezes_a_diverging_member_and_prints_the_table(full_population, tm
     got, expected = losses(member_dir(tmp_path, 1e-3, 0)), losses(member_dir(root, 1e-3, 0))
     assert sorted(got) == sorted(expected)
     assert max(abs(got[s] - expected[s]) for s in expected) <= 1e-6
+
+
+@pytest.mark.slow
+def test_sigkill_then_rerun_of_the_cli_gives_bitwise_same_losses(tmp_path):
+    # A real kill (no save on the way out) at some step past the first checkpoint, then
+    # the same command: every member's losses are those of a population never stopped.
+    import signal
+    import subprocess
+    import sys
+    import time
+    from tests.training.conftest import ROOT, TINY, env
+    over = dict(TINY, **{"train.steps": 60, "train.checkpoint_every": 10})
+
+    def args(workdir):
+        return ([sys.executable, "-m", "training.population",
+                 "--config=" + str(ROOT / "configs/mqar.py"), f"--workdir={workdir}",
+                 "--lrs=1e-3,3e-3", "--seeds=0,1"]
+                + [f"--config.{k}={v}" for k, v in over.items()])
+
+    ref = subprocess.run(args(tmp_path / "ref"), cwd=ROOT, env=env(), capture_output=True,
+                         text=True, timeout=600)
+    assert ref.returncode == 0, ref.stderr
+    work = tmp_path / "killed"
+    proc = subprocess.Popen(args(work), cwd=ROOT, env=env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    first = member_dir(work, 3e-3, 1) / "checkpoints" / "10"
+    t0 = time.time()
+    while not first.exists():
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.time() - t0 < 300, "timed out"
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    again = subprocess.run(args(work), cwd=ROOT, env=env(), capture_output=True, text=True,
+                           timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert "resuming from step" in again.stderr
+    for lr in (1e-3, 3e-3):
+        for s in (0, 1):
+            got = losses(member_dir(work, lr, s))
+            expected = losses(member_dir(tmp_path / "ref", lr, s))
+            assert sorted(got) == list(range(1, 61))
+            assert got == expected
