@@ -35,9 +35,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from training import (builders, checkpoint, config_tools, loop, metrics, model_state, optim,
+from training import (checkpoint, config_tools, loop, metrics, model_state, optim,
                       param_layout, runtime, workdir_lock)
-from training import sharding as shd
 from training import step as step_fns
 
 POPULATION_FILE = "population.json"
@@ -56,13 +55,15 @@ def member_name(lr: float, seed: int) -> str:
     return f"lr{lr:g}_seed{seed}"
 
 
-def make_members(config, workdir, lrs: Sequence[float], seeds: Sequence[int]) -> list[Member]:
+def make_members(config, workdir, lrs: Sequence[float],
+                 seeds: Sequence[int]) -> list[Member]:
     """Members in lr-major order (lrs[0] x seeds, then lrs[1] x seeds, ...)."""
     if not lrs or not seeds:
         raise config_tools.ConfigError("a population needs at least one lr and one seed")
     pairs = [(float(lr), int(seed)) for lr in lrs for seed in seeds]
     if len(set(pairs)) != len(pairs):
-        raise config_tools.ConfigError(f"lrs {list(lrs)} x seeds {list(seeds)} repeat a member")
+        raise config_tools.ConfigError(
+            f"lrs {list(lrs)} x seeds {list(seeds)} repeat a member")
     members = []
     for lr, seed in pairs:
         c = config.copy_and_resolve_references()
@@ -214,8 +215,8 @@ def _compile(model: runtime.Model, layout: runtime.Layout, t_cfg, mesh, packed: 
         # where() passes an active member's new values through bit for bit.
         keep = active & m["finite"]
         pick = lambda new, old: jnp.where(keep, new, old)
-        return (jax.tree.map(pick, new_params, params), jax.tree.map(pick, new_opt, opt_state),
-                dict(m, active=keep))
+        return (jax.tree.map(pick, new_params, params),
+                jax.tree.map(pick, new_opt, opt_state), dict(m, active=keep))
 
     def member_eval(params, rest, batch):
         parts = model_state.ModelParts(model.graphdef, model.template, rest, model.names,
@@ -224,11 +225,13 @@ def _compile(model: runtime.Model, layout: runtime.Layout, t_cfg, mesh, packed: 
 
     train = jax.jit(jax.vmap(member_step),
                     in_shardings=(lead(layout.params), lead(layout.opt_state), repl,
-                                  _leading(layout.batch, mesh), repl, repl) + (repl,) * n_keys,
+                                  _leading(layout.batch, mesh), repl, repl)
+                    + (repl,) * n_keys,
                     out_shardings=(lead(layout.params), lead(layout.opt_state), repl),
                     donate_argnums=(0, 1))
     evaluate = jax.jit(jax.vmap(member_eval),
-                       in_shardings=(lead(layout.params), repl, _leading(layout.batch, mesh)),
+                       in_shardings=(lead(layout.params), repl,
+                                     _leading(layout.batch, mesh)),
                        out_shardings=repl)
     return train, evaluate
 
@@ -338,7 +341,8 @@ class _Population:
         self.runs, self.datasets, self.t_cfg = runs, datasets, t_cfg
         self.train, self.evaluate = train, evaluate
         self.params, self.opt_state, self.rests = params, opt_state, rests
-        self.workdir, self.record, self.progress, self.speed = workdir, record, progress, speed
+        self.workdir, self.record = workdir, record
+        self.progress, self.speed = progress, speed
         self.index = jnp.arange(len(runs))
         self.pending: list[tuple[int, list[bool], Any]] = []
         self._set_active()
@@ -359,7 +363,8 @@ class _Population:
         its separate run's loop._Feed.eval gives it)."""
         if self._eval_batches is None:
             bs, n = self.t_cfg.batch_size, self.t_cfg.eval_batches
-            by_seed = {seed: list(d.eval_batches(bs, n)) for seed, d in self.datasets.items()}
+            by_seed = {seed: list(d.eval_batches(bs, n))
+                       for seed, d in self.datasets.items()}
             self._eval_batches = [
                 jax.tree.map(lambda *xs: np.stack(xs),
                              *[by_seed[r.member.seed][j] for r in self.runs])
@@ -400,7 +405,8 @@ class _Population:
                 r.saver.check()
             evaluated = self._evaluate_for_early_stop(step) if eval_now else {}
             stopping = [r for r in evaluated if r.early.stopped]
-            new_best = [r for r in evaluated if r.early.since_best == 0 and r.saver.keep_best]
+            new_best = [r for r in evaluated
+                        if r.early.since_best == 0 and r.saver.keep_best]
             if save_now or stopping or new_best or signum is not None:
                 # Every member still training saves at this step, so that a resume finds
                 # one step all of them have.
@@ -473,7 +479,8 @@ class _Population:
         """[M, 3] (eval loss, accuracy, tokens) sums, token-weighted as loop._evaluate."""
         total = np.zeros((len(self.runs), 3))
         for batch in self._eval_feed():
-            total += np.asarray(jax.device_get(self.evaluate(self.params, self.rests, batch)))
+            sums = self.evaluate(self.params, self.rests, batch)
+            total += np.asarray(jax.device_get(sums))
         return total
 
     def _evaluate_for_early_stop(self, step: int) -> dict:
@@ -525,7 +532,8 @@ def _eval_entry(total: np.ndarray, step: int) -> dict:
 
 def results_table(results: list[dict]) -> str:
     """The members as a markdown table."""
-    lines = ["| lr | seed | step | eval_loss | eval_accuracy | status |", "|---|---|---|---|---|---|"]
+    lines = ["| lr | seed | step | eval_loss | eval_accuracy | status |",
+             "|---|---|---|---|---|---|"]
     for r in results:
         lines.append(f"| {r['lr']:g} | {r['seed']} | {r['step']} | {r['eval_loss']:.4f} | "
                      f"{r['eval_accuracy']:.4f} | {r['status']} |")
