@@ -189,6 +189,7 @@ def test_only_takes_comma_separated_alternatives(mqar_sweep, tmp_path):
     assert [r["run"] for r in done] == [second] and not (wd / first).exists()
 
 
+@pytest.mark.slow  # two speed sweeps (77 s on 2 cores)
 def test_a_failed_speed_length_is_retried_without_stopping_the_sweep(tmp_path, monkeypatch):
     """A length that raises (an OOM, say) leaves its run partial (shown, partial.json, no
     done.json) while the sweep goes on to the next run; the next invocation measures that

@@ -84,6 +84,7 @@ def test_train_step_uses_the_period_draw_in_every_microbatch():
         assert got[s] == pytest.approx(float(total / count), rel=1e-5)
 
 
+@pytest.mark.slow  # two training runs; the draw itself is checked by default
 def test_resume_mid_period_gives_identical_losses(tmp_path):
     kw = {**PERFORMER, "model.performer_redraw_every": 3, "train.steps": 8,
           "train.checkpoint_every": 4}

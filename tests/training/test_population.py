@@ -53,6 +53,7 @@ def test_members_equal_separate_runs(full_population, tmp_path):
     assert len(firsts) == len(SEEDS)  # step 1 has lr 0 (warmup): its loss is the seed's
 
 
+@pytest.mark.slow  # a population and reference runs each (about 30-55 s)
 def test_stop_and_resume_is_bitwise_the_uninterrupted_population(full_population, tmp_path):
     root, _ = full_population
     with pytest.raises(loop.Interrupted) as stopped:
@@ -73,6 +74,7 @@ def test_stop_and_resume_is_bitwise_the_uninterrupted_population(full_population
             assert evals(member_dir(tmp_path, lr, s)) == evals(member_dir(root, lr, s))
 
 
+@pytest.mark.slow  # a population and reference runs each (about 30-55 s)
 def test_early_stop_freezes_only_that_member(tmp_path):
     # lr 0 never changes its parameters: its second evaluation is no new best, so with
     # patience 1 it stops at step 8; the lr 3e-3 member trains on to step 12.
