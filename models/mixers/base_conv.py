@@ -46,26 +46,19 @@ def _normal(std: float):
     return nnx.initializers.normal(std)
 
 
-@register(BASE_CONV)
-class BaseConv(Mixer):
-
-    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        self.cfg = cfg
-        d = cfg.d_model
-        self.projection = dense(cfg, d, d, ("embed", "heads"), rngs=rngs, use_bias=True,
-                                kernel_init=_normal(REFERENCE_INIT_STD))
-        self.conv = ShortConv(cfg, d, rngs=rngs, size=cfg.base_conv_size, bias=True,
-                              activation=False)
+class _ConvMixer(Mixer):
+    """What both convolutions share: a subclass gives `self.conv` (a ShortConv over
+    `self.conv_channels` channels) and `_mix(u, segment_ids, state) -> (y, conv state)`;
+    the full call, prefill and decode step all run `_mix`, so they run the same math."""
 
     def _mix(self, u, *, segment_ids, state):
-        u_conv, state = self.conv(u, segment_ids=segment_ids, state=state)
-        return u_conv * self.projection(u) + u, state
+        raise NotImplementedError
 
     def __call__(self, x, *, segment_ids=None):
         return self._mix(x, segment_ids=segment_ids, state=None)[0]
 
     def init_state(self, batch: int, max_len: int = 0):
-        return {"conv": self.conv.init_state(batch, self.cfg.d_model, dtypes(self.cfg)[0])}
+        return {"conv": self.conv.init_state(batch, self.conv_channels, dtypes(self.cfg)[0])}
 
     def prefill(self, x, state):
         y, conv = self._mix(x, segment_ids=None, state=state["conv"])
@@ -76,24 +69,39 @@ class BaseConv(Mixer):
         return y[:, 0], {"conv": conv}
 
     def state_size(self) -> int:
-        return (self.cfg.base_conv_size - 1) * self.cfg.d_model
+        return (self.cfg.base_conv_size - 1) * self.conv_channels
 
     @classmethod
     def flops_per_token(cls, cfg: ModelConfig, seq_len: int) -> float:
         """Nothing beyond its weights: each conv tap and projection weight is one
-        multiply-add per token, so the 2-per-weight count (models.flops) is exact for
-        both; the gate's product and the residual add are elementwise, which no mixer
-        counts."""
+        multiply-add per token, so the 2-per-weight count (models.flops) is exact; the
+        gate's product and the residual add are elementwise, which no mixer counts."""
         return 0.0
 
 
+@register(BASE_CONV)
+class BaseConv(_ConvMixer):
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        d = self.conv_channels = cfg.d_model
+        self.projection = dense(cfg, d, d, ("embed", "heads"), rngs=rngs, use_bias=True,
+                                kernel_init=_normal(REFERENCE_INIT_STD))
+        self.conv = ShortConv(cfg, d, rngs=rngs, size=cfg.base_conv_size, bias=True,
+                              activation=False)
+
+    def _mix(self, u, *, segment_ids, state):
+        u_conv, state = self.conv(u, segment_ids=segment_ids, state=state)
+        return u_conv * self.projection(u) + u, state
+
+
 @register(GATED_CONV)
-class GatedConv(Mixer):
+class GatedConv(_ConvMixer):
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         self.cfg = cfg
         d = cfg.d_model
-        self.d_inner = cfg.gated_conv_expand * d // 2
+        self.d_inner = self.conv_channels = cfg.gated_conv_expand * d // 2
         self.in_proj = dense(cfg, d, 2 * self.d_inner, ("embed", "heads"), rngs=rngs,
                              use_bias=True, kernel_init=_normal(REFERENCE_INIT_STD))
         self.conv = ShortConv(cfg, self.d_inner, rngs=rngs, size=cfg.base_conv_size)
@@ -105,25 +113,3 @@ class GatedConv(Mixer):
         u1, u2 = jnp.split(self.in_proj(u), 2, axis=-1)
         u_conv, state = self.conv(u1, segment_ids=segment_ids, state=state)  # with SiLU
         return self.out_proj(u_conv * u2), state
-
-    def __call__(self, x, *, segment_ids=None):
-        return self._mix(x, segment_ids=segment_ids, state=None)[0]
-
-    def init_state(self, batch: int, max_len: int = 0):
-        return {"conv": self.conv.init_state(batch, self.d_inner, dtypes(self.cfg)[0])}
-
-    def prefill(self, x, state):
-        y, conv = self._mix(x, segment_ids=None, state=state["conv"])
-        return y, {"conv": conv}
-
-    def step(self, x_t, state):
-        y, conv = self._mix(x_t[:, None], segment_ids=None, state=state["conv"])
-        return y[:, 0], {"conv": conv}
-
-    def state_size(self) -> int:
-        return (self.cfg.base_conv_size - 1) * self.cfg.gated_conv_expand * self.cfg.d_model // 2
-
-    @classmethod
-    def flops_per_token(cls, cfg: ModelConfig, seq_len: int) -> float:
-        """Nothing beyond its weights (see BaseConv.flops_per_token)."""
-        return 0.0
