@@ -9,6 +9,22 @@ import pytest
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
+def config_from_command_line(argv: list[str], monkeypatch):
+    """The config train.py would get from `argv` (["train.py", "--config=...", ...]): the
+    precheck of its overrides, then ml_collections' config_flags, which reads sys.argv."""
+    from absl import flags
+    from ml_collections import config_flags
+
+    from training import config_tools
+    path, overrides = config_tools.overrides_from_argv(argv[1:])
+    config_tools.check_overrides(config_tools.load_config_file(path), overrides)
+    monkeypatch.setattr(sys, "argv", argv)
+    fv = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, "", flag_values=fv, lock_config=True)
+    fv(argv)
+    return fv.config
+
+
 # The smallest model and task that still exercise every piece (two layers, multi-head,
 # packed MQAR sequences): the tests train it many times, on CPU.
 TINY = {

@@ -2,13 +2,12 @@
 configs/base.py (so --config.KEY works on any experiment file), settable from the command
 line with its documented form, and checked before anything runs."""
 import re
-import sys
 
 import pytest
 
 import data
 from configs import base
-from tests.training.conftest import ROOT
+from tests.training.conftest import ROOT, config_from_command_line
 from training import builders, config_tools
 
 SECTIONS = ("model", "data", "train", "mesh", "logging")
@@ -58,21 +57,12 @@ def test_every_documented_key_is_declared_in_base():
 def test_task_keys_settable_from_the_command_line(monkeypatch):
     """NIAH's list of depths and MQAR's power law from the command line, on a config
     file that sets neither, reach the dataset."""
-    from absl import flags
-    from ml_collections import config_flags
-
     argv = ["train.py", f"--config={ROOT / 'configs/mqar.py'}",
             "--config.data.source=niah", "--config.data.niah_depths=[0.25,0.75]",
             "--config.data.niah_kind=multikey", "--config.data.num_keys=2",
             "--config.data.key_len=2", "--config.data.seq_len=96",
             "--config.data.power_a=0.2", "--config.data.mqar_vocab_size=128"]
-    path, overrides = config_tools.overrides_from_argv(argv[1:])
-    config_tools.check_overrides(config_tools.load_config_file(path), overrides)  # precheck
-    monkeypatch.setattr(sys, "argv", argv)  # config_flags reads the overrides there
-    fv = flags.FlagValues()
-    config_flags.DEFINE_config_file("config", None, "", flag_values=fv, lock_config=True)
-    fv(argv)
-    c = fv.config
+    c = config_from_command_line(argv, monkeypatch)
     assert c.data.niah_depths == [0.25, 0.75] and c.data.power_a == 0.2
     config_tools.check_config(c)
     d = builders.build_dataset(c)

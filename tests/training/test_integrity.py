@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from tests.training.conftest import ROOT, cli_args, run_cli, tiny_config
+from tests.training.conftest import (ROOT, cli_args, config_from_command_line, run_cli,
+                                     tiny_config)
 from training import (checkpoint, config_tools, loop, metrics, workdir_lock)
 
 # Checkpoints at 4 and 8, evaluations at 6 (saved when a new best), the end at 12.
@@ -267,19 +268,10 @@ def test_cli_unknown_mixer_is_one_line(tmp_path):
 
 
 def test_documented_mqar_keys_settable_from_the_command_line(monkeypatch):
-    from absl import flags
-    from ml_collections import config_flags
-
     from training import builders
     argv = ["train.py", f"--config={ROOT / 'configs/mqar.py'}",
             "--config.data.num_kv_pairs=[2,4]", "--config.data.random_non_queries=True"]
-    path, overrides = config_tools.overrides_from_argv(argv[1:])
-    config_tools.check_overrides(config_tools.load_config_file(path), overrides)  # precheck
-    monkeypatch.setattr(sys, "argv", argv)  # config_flags reads the overrides there
-    fv = flags.FlagValues()
-    config_flags.DEFINE_config_file("config", None, "", flag_values=fv, lock_config=True)
-    fv(argv)
-    c = fv.config
+    c = config_from_command_line(argv, monkeypatch)
     assert c.data.num_kv_pairs == [2, 4] and c.data.random_non_queries is True
     config_tools.check_config(c)
     d = builders.build_dataset(c)
