@@ -17,6 +17,10 @@ from kernels.ops import IMPLS
 DTYPES = ("float32", "bfloat16", "float16")
 FEATURE_MAPS = ("elu", "relu", "identity", "dpfp")
 REMAT_POLICIES = ("none", "full", "save_dots", "save_all_dots")
+NORMS = ("rmsnorm", "layernorm")
+MLP_TYPES = ("swiglu", "gelu", "gelu_tanh")
+POSITIONS = ("rope", "learned", "none")
+ROPE_SCALINGS = ("none", "linear", "llama3")
 
 
 def _runtime(default):
@@ -93,6 +97,32 @@ class ModelConfig:
     # loader converts between the layouts (models.layer_stack).
     scan_layers: bool = _runtime(True)
     tie_embeddings: bool = False
+    # Block options that imported checkpoints need (models.hf: Llama, Mistral, Qwen2,
+    # GPT-2); the defaults are this repository's own blocks. norm: the blocks' and the
+    # final norm, "rmsnorm" or "layernorm" (scale and bias, GPT-2's), eps norm_eps.
+    norm: str = "rmsnorm"
+    # "swiglu" (down(silu(gate x) * up x)), or a 2-layer MLP down(act(up x)) with "gelu"
+    # (erf) or "gelu_tanh" (GPT-2's gelu_new); d_ff 0 = 4 d_model for those.
+    mlp_type: str = "swiglu"
+    qkv_bias: bool = False         # biases on the q, k, v projections (Qwen2, GPT-2)
+    o_bias: bool = False           # and on the attention output projection (GPT-2)
+    mlp_bias: bool = False         # on every MLP projection (GPT-2)
+    # "rope" (rotary q, k in the softmax mixers), "learned" (GPT-2: a table of
+    # num_positions position embeddings added to the token embeddings) or "none".
+    positions: str = "rope"
+    num_positions: int = 0         # the learned table's length (positions="learned")
+    # RoPE frequency scaling as Hugging Face's rope_scaling: "none"; "linear" (every
+    # frequency / rope_factor); "llama3" (Llama 3.1: long wavelengths / rope_factor,
+    # short ones kept, a smooth blend between, by rope_low_freq_factor,
+    # rope_high_freq_factor and rope_original_max_len).
+    rope_scaling: str = "none"
+    rope_factor: float = 1.0
+    rope_low_freq_factor: float = 1.0
+    rope_high_freq_factor: float = 4.0
+    rope_original_max_len: int = 8192
+    # RoPE on q and k of the feature-map mixers (linear, performer, hedgehog, taylor,
+    # based's linear part) before the feature map, as LoLCATs' converted layers keep it.
+    feature_rope: bool = False
 
     def __post_init__(self):
         def fail(key, msg):
@@ -104,7 +134,7 @@ class ModelConfig:
                     "chunk_size", "max_len"):
             if getattr(self, key) <= 0:
                 fail(key, "must be a positive integer")
-        for key in ("num_kv_heads", "head_dim", "d_ff", "softmax_every"):
+        for key in ("num_kv_heads", "head_dim", "d_ff", "softmax_every", "num_positions"):
             if getattr(self, key) < 0:
                 fail(key, "must be >= 0 (0 means the default)")
         if self.head_dim == 0 and self.d_model % self.num_heads:
@@ -140,6 +170,19 @@ class ModelConfig:
                  "features every N training steps)")
         if self.hedgehog_map not in ("softmax", "exp"):
             fail("hedgehog_map", "choose 'softmax' (fla's) or 'exp' (the paper's)")
+        for key, valid in (("norm", NORMS), ("mlp_type", MLP_TYPES),
+                           ("positions", POSITIONS), ("rope_scaling", ROPE_SCALINGS)):
+            if getattr(self, key) not in valid:
+                fail(key, f"choose one of {valid}")
+        if self.positions == "learned" and self.num_positions <= 0:
+            fail("num_positions", "positions='learned' needs the table's length > 0")
+        if self.rope_scaling != "none" and self.rope_factor <= 0:
+            fail("rope_factor", "must be > 0")
+        if self.rope_scaling == "llama3" and not (
+                self.rope_high_freq_factor > self.rope_low_freq_factor > 0
+                and self.rope_original_max_len > 0):
+            fail("rope_high_freq_factor", "llama3 scaling needs rope_high_freq_factor > "
+                 "rope_low_freq_factor > 0 and rope_original_max_len > 0")
         if self.remat_policy not in REMAT_POLICIES:
             fail("remat_policy", f"choose one of {REMAT_POLICIES} (remat=True alone "
                  f"means \"full\")")
@@ -157,6 +200,8 @@ class ModelConfig:
     def resolved_d_ff(self) -> int:
         if self.d_ff:
             return self.d_ff
+        if self.mlp_type != "swiglu":
+            return 4 * self.d_model
         return -(-int(8 * self.d_model / 3) // 32) * 32
 
     @property
@@ -211,11 +256,18 @@ class ModelConfig:
 #    performer_redraw_every: 0, the fixed init draw every Performer trained with before
 #    redraw existed (evaluating such a checkpoint builds that model; resuming its training
 #    from a configs file takes the file's value, so pass performer_redraw_every=0 to keep
-#    its features); performer_qk_norm: False.
+#    its features); performer_qk_norm: False. The block options of imported checkpoints
+#    (norm ... feature_rope): this repository's blocks, as before they existed.
 #  - layer_pattern letters: before mixer names, a pattern was one "L" (cfg.mixer) or "S"
 #    (softmax) per layer; expand_layer_pattern still reads that form, as that model.
 SAVED_DEFAULTS: dict[str, Any] = {"short_conv": False, "performer_redraw_every": 0,
-                                  "performer_qk_norm": False}
+                                  "performer_qk_norm": False,
+                                  "norm": "rmsnorm", "mlp_type": "swiglu", "qkv_bias": False,
+                                  "o_bias": False, "mlp_bias": False, "positions": "rope",
+                                  "num_positions": 0, "rope_scaling": "none",
+                                  "rope_factor": 1.0, "rope_low_freq_factor": 1.0,
+                                  "rope_high_freq_factor": 4.0,
+                                  "rope_original_max_len": 8192, "feature_rope": False}
 _LEGACY_LETTERS = frozenset("LS")
 
 

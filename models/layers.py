@@ -11,6 +11,7 @@ import math
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from flax import nnx
 
 from models.config import ModelConfig
@@ -43,6 +44,17 @@ def rms_norm(cfg: ModelConfig, dim: int, *, rngs: nnx.Rngs) -> nnx.RMSNorm:
     dtype, param_dtype = dtypes(cfg)
     return nnx.RMSNorm(dim, epsilon=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype,
                        scale_metadata=meta("norm"), rngs=rngs)
+
+
+def block_norm(cfg: ModelConfig, dim: int, *, rngs: nnx.Rngs):
+    """The blocks' and the final norm, by cfg.norm: RMSNorm, or LayerNorm with a bias
+    (GPT-2's; the two-pass variance, as torch computes it)."""
+    if cfg.norm == "rmsnorm":
+        return rms_norm(cfg, dim, rngs=rngs)
+    dtype, param_dtype = dtypes(cfg)
+    return nnx.LayerNorm(dim, epsilon=cfg.norm_eps, dtype=dtype, param_dtype=param_dtype,
+                         use_fast_variance=False, scale_metadata=meta("norm"),
+                         bias_metadata=meta("norm"), rngs=rngs)
 
 
 class GatedRMSNorm(nnx.Module):
@@ -84,17 +96,54 @@ def segment_positions(segment_ids, seq_len: int):
     return t[None, :] - start_index
 
 
-def rope(x, positions, theta: float):
-    """Rotary embedding (half-split form) of x (B, T, H, D) at positions (B|1, T)."""
+def rope_frequencies(cfg: ModelConfig, dim: int) -> np.ndarray:
+    """The D/2 rotary frequencies (float32) of cfg: theta^(-2i/D), scaled as
+    cfg.rope_scaling says (Hugging Face's _compute_default / linear / llama3 rope
+    parameters, computed as they do, in float32)."""
+    if dim % 2:
+        raise ValueError(f"RoPE needs an even head_dim, got {dim}")
+    freqs = (1.0 / (np.float32(cfg.rope_theta)
+                    ** (np.arange(0, dim, 2).astype(np.float32) / np.float32(dim))))
+    freqs = freqs.astype(np.float32)
+    factor = np.float32(cfg.rope_factor)
+    if cfg.rope_scaling == "linear":
+        freqs = freqs / factor
+    elif cfg.rope_scaling == "llama3":
+        old = np.float32(cfg.rope_original_max_len)
+        low, high = np.float32(cfg.rope_low_freq_factor), np.float32(cfg.rope_high_freq_factor)
+        wavelen = np.float32(2 * math.pi) / freqs
+        scaled = np.where(wavelen > old / low, freqs / factor, freqs)
+        smooth = (old / wavelen - low) / (high - low)
+        smoothed = (1 - smooth) * scaled / factor + smooth * scaled
+        medium = ~(wavelen < old / high) & ~(wavelen > old / low)
+        freqs = np.where(medium, smoothed, scaled)
+    return freqs.astype(np.float32)
+
+
+def rope(x, positions, theta: float = 10000.0, *, freqs=None):
+    """Rotary embedding (half-split form) of x (B, T, H, D) at positions (B|1, T);
+    freqs (D/2,) the frequencies (rope_frequencies), default theta^(-2i/D)."""
     d = x.shape[-1]
     if d % 2:
         raise ValueError(f"RoPE needs an even head_dim, got {d}")
-    freqs = theta ** (-jnp.arange(0, d // 2, dtype=jnp.float32) * 2.0 / d)
+    if freqs is None:
+        freqs = theta ** (-jnp.arange(0, d // 2, dtype=jnp.float32) * 2.0 / d)
+    freqs = jnp.asarray(freqs, jnp.float32)
     angles = positions.astype(jnp.float32)[..., None] * freqs  # (B, T, D/2)
     cos, sin = jnp.cos(angles)[:, :, None, :], jnp.sin(angles)[:, :, None, :]
     x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
     out = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return out.astype(x.dtype)
+
+
+def rotary(cfg: ModelConfig, x, positions):
+    """x (B, T, H, D) rotated as cfg says: RoPE (cfg.rope_theta, cfg.rope_scaling) when
+    cfg.positions is "rope", else x unchanged (learned or no positions)."""
+    if cfg.positions != "rope":
+        return x
+    if cfg.rope_scaling == "none":  # the formula models were trained with before scaling
+        return rope(x, positions, cfg.rope_theta)
+    return rope(x, positions, freqs=rope_frequencies(cfg, x.shape[-1]))
 
 
 # --- Short causal convolution ----------------------------------------------------------
@@ -149,13 +198,31 @@ class ShortConv(nnx.Module):
 # --- MLP ------------------------------------------------------------------------------
 
 class SwiGLU(nnx.Module):
-    """down(silu(gate(x)) * up(x))."""
+    """down(silu(gate(x)) * up(x)) (biases with cfg.mlp_bias)."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
-        d, f = cfg.d_model, cfg.resolved_d_ff
-        self.gate = dense(cfg, d, f, ("embed", "mlp"), rngs=rngs)
-        self.up = dense(cfg, d, f, ("embed", "mlp"), rngs=rngs)
-        self.down = dense(cfg, f, d, ("mlp", "embed"), rngs=rngs)
+        d, f, bias = cfg.d_model, cfg.resolved_d_ff, cfg.mlp_bias
+        self.gate = dense(cfg, d, f, ("embed", "mlp"), rngs=rngs, use_bias=bias)
+        self.up = dense(cfg, d, f, ("embed", "mlp"), rngs=rngs, use_bias=bias)
+        self.down = dense(cfg, f, d, ("mlp", "embed"), rngs=rngs, use_bias=bias)
 
     def __call__(self, x):
         return self.down(jax.nn.silu(self.gate(x)) * self.up(x))
+
+
+class GeluMLP(nnx.Module):
+    """down(gelu(up(x))) (GPT-2's c_fc, gelu_new, c_proj): cfg.mlp_type "gelu" (erf) or
+    "gelu_tanh" (the tanh approximation); biases with cfg.mlp_bias."""
+
+    def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        d, f, bias = cfg.d_model, cfg.resolved_d_ff, cfg.mlp_bias
+        self.approximate = cfg.mlp_type == "gelu_tanh"
+        self.up = dense(cfg, d, f, ("embed", "mlp"), rngs=rngs, use_bias=bias)
+        self.down = dense(cfg, f, d, ("mlp", "embed"), rngs=rngs, use_bias=bias)
+
+    def __call__(self, x):
+        return self.down(jax.nn.gelu(self.up(x), approximate=self.approximate))
+
+
+def make_mlp(cfg: ModelConfig, *, rngs: nnx.Rngs) -> nnx.Module:
+    return SwiGLU(cfg, rngs=rngs) if cfg.mlp_type == "swiglu" else GeluMLP(cfg, rngs=rngs)

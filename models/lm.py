@@ -14,7 +14,7 @@ from flax import nnx
 
 from models import flops, layer_stack
 from models.config import ModelConfig
-from models.layers import SwiGLU, dense, dtypes, meta, rms_norm
+from models.layers import block_norm, dense, dtypes, make_mlp, meta, segment_positions
 from models.mixers import get_mixer
 
 
@@ -22,10 +22,10 @@ class Block(nnx.Module):
     """x + mixer(norm(x)), then x + mlp(norm(x)); dropout on each residual branch."""
 
     def __init__(self, cfg: ModelConfig, mixer: str, *, rngs: nnx.Rngs):
-        self.mixer_norm = rms_norm(cfg, cfg.d_model, rngs=rngs)
+        self.mixer_norm = block_norm(cfg, cfg.d_model, rngs=rngs)
         self.mixer = get_mixer(mixer)(cfg, rngs=rngs)
-        self.mlp_norm = rms_norm(cfg, cfg.d_model, rngs=rngs) if cfg.mlp else None
-        self.mlp = SwiGLU(cfg, rngs=rngs) if cfg.mlp else None
+        self.mlp_norm = block_norm(cfg, cfg.d_model, rngs=rngs) if cfg.mlp else None
+        self.mlp = make_mlp(cfg, rngs=rngs) if cfg.mlp else None
         self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
 
     # The residual stream x stays float32; branches compute in cfg.dtype. (Adding O(1)
@@ -112,6 +112,13 @@ class LanguageModel(nnx.Module):
             cfg.vocab_size, cfg.d_model, dtype=dtype, param_dtype=param_dtype,
             embedding_init=nnx.initializers.normal(cfg.init_std),
             embedding_metadata=meta("vocab", "embed"), rngs=rngs)
+        # GPT-2's learned positions (cfg.positions "learned"); built only then, so other
+        # models keep their parameters as before.
+        self.pos_embed = (nnx.Embed(
+            cfg.num_positions, cfg.d_model, dtype=dtype, param_dtype=param_dtype,
+            embedding_init=nnx.initializers.normal(cfg.init_std),
+            embedding_metadata=meta(None, "embed"), rngs=rngs)
+            if cfg.positions == "learned" else None)
         # Built layer by layer in both layouts (the same RNG draws), then stacked by group
         # position when scanning: scanned and unrolled models of one seed hold the same
         # values, and layer_stack.convert maps one's parameters exactly onto the other's.
@@ -123,7 +130,7 @@ class LanguageModel(nnx.Module):
             period, _ = self.scan
             self.scan_blocks = nnx.List(
                 [_stack_modules(blocks[j::period]) for j in range(period)])
-        self.final_norm = rms_norm(cfg, cfg.d_model, rngs=rngs)
+        self.final_norm = block_norm(cfg, cfg.d_model, rngs=rngs)
         self.head = (None if cfg.tie_embeddings else
                      dense(cfg, cfg.d_model, cfg.vocab_size, ("embed", "vocab"), rngs=rngs))
         self.dropout = nnx.Dropout(cfg.dropout, rngs=rngs)
@@ -140,7 +147,19 @@ class LanguageModel(nnx.Module):
         return [_unstack_module(self.scan_blocks[i % period], i // period)
                 for i in range(period * repeats)]
 
-    def _embed(self, tokens):
+    def _embed(self, tokens, positions=None):
+        """Token embeddings (float32), plus the learned position embeddings of
+        `positions` ((B|1, T), or (B,) / a scalar for one token) when cfg.positions is
+        "learned" (positions past the table read its last row)."""
+        x = self._token_embed(tokens)
+        if self.pos_embed is None:
+            return x
+        if positions is None:
+            positions = segment_positions(None, tokens.shape[-1])
+        table = self.pos_embed.embedding[...]
+        return x + jnp.take(table, positions, axis=0, mode="clip").astype(jnp.float32)
+
+    def _token_embed(self, tokens):
         # Gathered from the float32 table straight into the float32 residual stream. (Through
         # nnx.Embed in the bf16 compute dtype the gradient is a bf16 scatter-add: thousands of
         # updates to one row - MQAR's filler token, a space - lose their precision, and on
@@ -159,7 +178,9 @@ class LanguageModel(nnx.Module):
     def __call__(self, tokens, *, segment_ids=None, deterministic: bool = True):
         """tokens (B, T) int -> logits (B, T, V) float32. segment_ids (B, T) keeps packed
         documents apart."""
-        x = self.dropout(self._embed(tokens), deterministic=deterministic)
+        positions = (None if self.pos_embed is None
+                     else segment_positions(segment_ids, tokens.shape[1]))
+        x = self.dropout(self._embed(tokens, positions), deterministic=deterministic)
         policy = self.cfg.resolved_remat_policy
         if self.scan is not None:
             x = self._scanned(x, segment_ids, deterministic, policy)
@@ -211,7 +232,7 @@ class LanguageModel(nnx.Module):
 
     def decode_step(self, token, cache):
         """One token per sequence (B,) -> (logits (B, V), cache one position on)."""
-        x = self._embed(token)
+        x = self._embed(token, cache["pos"])
         states = []
         for block, state in zip(self.layers(), cache["layers"]):
             x, state = block.step(x, state)

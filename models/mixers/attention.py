@@ -1,6 +1,8 @@
 """Softmax attention mixers: full causal (KV cache) and sliding window (ring buffer).
 
-Both are multi-head / grouped-query with RoPE. Full sequences go through
+Both are multi-head / grouped-query with RoPE (cfg.positions "rope", scaled by
+cfg.rope_scaling; none with "learned" or "none" positions), biases by cfg.qkv_bias and
+cfg.o_bias. Full sequences go through
 kernels.ops.softmax_attention / sliding_window_attention, a decode step through
 kernels.ops.attend_to_cache (same 1/sqrt(D) scale, float32 softmax).
 """
@@ -12,7 +14,7 @@ from flax import nnx
 
 from kernels import ops
 from models.config import ModelConfig
-from models.layers import dense, rope, segment_positions
+from models.layers import dense, rotary, segment_positions
 from models.mixers.base import Mixer
 from models.mixers.registry import SLIDING_WINDOW, SOFTMAX, register
 
@@ -24,10 +26,15 @@ class _Attention(Mixer):
         self.cfg = cfg
         self.num_heads, self.kv_heads = cfg.num_heads, cfg.resolved_kv_heads
         self.head_dim = d = cfg.resolved_head_dim
-        self.q_proj = dense(cfg, cfg.d_model, self.num_heads * d, ("embed", "heads"), rngs=rngs)
-        self.k_proj = dense(cfg, cfg.d_model, self.kv_heads * d, ("embed", "heads"), rngs=rngs)
-        self.v_proj = dense(cfg, cfg.d_model, self.kv_heads * d, ("embed", "heads"), rngs=rngs)
-        self.o_proj = dense(cfg, self.num_heads * d, cfg.d_model, ("heads", "embed"), rngs=rngs)
+        qkv, o = {"use_bias": cfg.qkv_bias}, {"use_bias": cfg.o_bias}
+        self.q_proj = dense(cfg, cfg.d_model, self.num_heads * d, ("embed", "heads"),
+                            rngs=rngs, **qkv)
+        self.k_proj = dense(cfg, cfg.d_model, self.kv_heads * d, ("embed", "heads"),
+                            rngs=rngs, **qkv)
+        self.v_proj = dense(cfg, cfg.d_model, self.kv_heads * d, ("embed", "heads"),
+                            rngs=rngs, **qkv)
+        self.o_proj = dense(cfg, self.num_heads * d, cfg.d_model, ("heads", "embed"),
+                            rngs=rngs, **o)
         # Dropout on the attention probabilities; only built when asked for, so models
         # without it keep the same state (and checkpoints) as before.
         self.attn_dropout = (nnx.Dropout(cfg.attention_dropout, rngs=rngs)
@@ -58,8 +65,7 @@ class _Attention(Mixer):
         q = self.q_proj(x).reshape(b, t, self.num_heads, d)
         k = self.k_proj(x).reshape(b, t, self.kv_heads, d)
         v = self.v_proj(x).reshape(b, t, self.kv_heads, d)
-        theta = self.cfg.rope_theta
-        return rope(q, positions, theta), rope(k, positions, theta), v
+        return rotary(self.cfg, q, positions), rotary(self.cfg, k, positions), v
 
     def _out(self, o):
         b, t = o.shape[:2]

@@ -34,14 +34,16 @@ class _DeltaRule(RecurrentMixer):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         super().__init__(cfg)
         h, d = self.num_heads, self.head_dim
-        self.q_proj = dense(cfg, cfg.d_model, h * d, ("embed", "heads"), rngs=rngs)
-        self.k_proj = dense(cfg, cfg.d_model, h * d, ("embed", "heads"), rngs=rngs)
-        self.v_proj = dense(cfg, cfg.d_model, h * d, ("embed", "heads"), rngs=rngs)
+        qkv = {"use_bias": cfg.qkv_bias}  # biases as an imported teacher's (cfg.qkv_bias)
+        self.q_proj = dense(cfg, cfg.d_model, h * d, ("embed", "heads"), rngs=rngs, **qkv)
+        self.k_proj = dense(cfg, cfg.d_model, h * d, ("embed", "heads"), rngs=rngs, **qkv)
+        self.v_proj = dense(cfg, cfg.d_model, h * d, ("embed", "heads"), rngs=rngs, **qkv)
         self.b_proj = dense(cfg, cfg.d_model, h, ("embed", "heads"), rngs=rngs)
         self.q_conv = ShortConv(cfg, h * d, rngs=rngs)
         self.k_conv = ShortConv(cfg, h * d, rngs=rngs)
         self.v_conv = ShortConv(cfg, h * d, rngs=rngs)
-        self.o_proj = dense(cfg, h * d, cfg.d_model, ("heads", "embed"), rngs=rngs)
+        self.o_proj = dense(cfg, h * d, cfg.d_model, ("heads", "embed"), rngs=rngs,
+                            use_bias=cfg.o_bias)
 
     def _log_alpha(self, x):
         return None

@@ -13,11 +13,12 @@ counts at 2 per weight, so flops_per_token needs no term for it.
 """
 from __future__ import annotations
 
+import jax.numpy as jnp
 from flax import nnx
 
 from kernels import ops
 from models.config import ModelConfig
-from models.layers import ShortConv, dense, dtypes
+from models.layers import ShortConv, dense, dtypes, rotary, segment_positions
 from models.mixers.recurrent import RecurrentMixer
 
 
@@ -33,10 +34,14 @@ class FeatureMapAttention(RecurrentMixer):
         super().__init__(cfg)
         h, d = self.num_heads, self.head_dim
         self.qk_dim = f = qk_dim or d
-        self.q_proj = dense(cfg, cfg.d_model, h * f, ("embed", "heads"), rngs=rngs)
-        self.k_proj = dense(cfg, cfg.d_model, h * f, ("embed", "heads"), rngs=rngs)
-        self.v_proj = dense(cfg, cfg.d_model, h * d, ("embed", "heads"), rngs=rngs)
-        self.o_proj = dense(cfg, h * d, cfg.d_model, ("heads", "embed"), rngs=rngs)
+        qkv, o = {"use_bias": cfg.qkv_bias}, {"use_bias": cfg.o_bias}
+        self.q_proj = dense(cfg, cfg.d_model, h * f, ("embed", "heads"), rngs=rngs, **qkv)
+        self.k_proj = dense(cfg, cfg.d_model, h * f, ("embed", "heads"), rngs=rngs, **qkv)
+        self.v_proj = dense(cfg, cfg.d_model, h * d, ("embed", "heads"), rngs=rngs, **qkv)
+        self.o_proj = dense(cfg, h * d, cfg.d_model, ("heads", "embed"), rngs=rngs, **o)
+        # cfg.feature_rope: q, k rotated (models.layers.rotary) before the feature map;
+        # the decode state then counts the position ("pos").
+        self.feature_rope = cfg.feature_rope
         # Built only when asked for, so a model without it keeps its parameters (and
         # checkpoints) as before.
         self.short_conv = cfg.short_conv
@@ -59,7 +64,7 @@ class FeatureMapAttention(RecurrentMixer):
     def state_dims(cls, cfg: ModelConfig) -> tuple[int, int]:
         return cls.feature_dim(cfg), cfg.resolved_head_dim
 
-    def _inputs(self, x, *, segment_ids, conv_state):
+    def _inputs(self, x, *, segment_ids, conv_state, positions=None):
         b, t, _ = x.shape
         qkv = {"q": self.q_proj(x), "k": self.k_proj(x), "v": self.v_proj(x)}
         new_conv = None
@@ -72,9 +77,33 @@ class FeatureMapAttention(RecurrentMixer):
         q = qkv["q"].reshape(b, t, self.num_heads, self.qk_dim)
         k = qkv["k"].reshape(b, t, self.num_heads, self.qk_dim)
         v = qkv["v"].reshape(b, t, self.num_heads, self.head_dim)
+        if self.feature_rope:
+            if positions is None:
+                positions = segment_positions(segment_ids, t)
+            q, k = rotary(self.cfg, q, positions), rotary(self.cfg, k, positions)
         q = self._phi(q, query=True).astype(v.dtype)
         k = self._phi(k, query=False).astype(v.dtype)
         return {"q": q, "k": k, "v": v}, new_conv
+
+    def init_state(self, batch: int, max_len: int = 0):
+        state = super().init_state(batch, max_len)
+        if self.feature_rope:
+            state["pos"] = jnp.zeros((), jnp.int32)
+        return state
+
+    def _run(self, x, state, *, impl):
+        if not self.feature_rope:
+            return super()._run(x, state, impl=impl)
+        pos = state["pos"]
+        positions = pos + jnp.arange(x.shape[1], dtype=jnp.int32)[None]
+        inputs, conv = self._inputs(x, segment_ids=None, conv_state=state.get("conv"),
+                                    positions=positions)
+        o, attn = self._op(inputs, segment_ids=None, initial_state=state["attn"],
+                           return_state=True, impl=impl)
+        new = {"attn": attn, "pos": pos + x.shape[1]}
+        if conv is not None:
+            new["conv"] = conv
+        return self._output(o, x), new
 
     def _conv(self, name: str) -> ShortConv:
         return getattr(self, f"{name}_conv")

@@ -45,10 +45,12 @@ class LightningAttention(RecurrentMixer):
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
         super().__init__(cfg)
         h, d = self.num_heads, self.head_dim
-        self.qkv_proj = dense(cfg, cfg.d_model, 3 * h * d, ("embed", "heads"), rngs=rngs)
+        self.qkv_proj = dense(cfg, cfg.d_model, 3 * h * d, ("embed", "heads"), rngs=rngs,
+                              use_bias=cfg.qkv_bias)
         self.output_gate = dense(cfg, cfg.d_model, h * d, ("embed", "heads"), rngs=rngs)
         self.norm = rms_norm(cfg, h * d, rngs=rngs)
-        self.out_proj = dense(cfg, h * d, cfg.d_model, ("heads", "embed"), rngs=rngs)
+        self.out_proj = dense(cfg, h * d, cfg.d_model, ("heads", "embed"), rngs=rngs,
+                              use_bias=cfg.o_bias)
         self.slopes = tuple(alibi_slopes(h))  # static: fixed, not trained
         # Built only when asked for: a model without it keeps its parameters as before.
         self.qkv_conv = ShortConv(cfg, 3 * h * d, rngs=rngs) if cfg.short_conv else None
