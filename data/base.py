@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from typing import Any, Iterator
 
+import numpy as np
+
 from data.order import canonical_split
 
 BATCH_KEYS = ("inputs", "targets", "mask", "segment_ids")
@@ -50,6 +52,26 @@ class Dataset:
 
     def _batch(self, step: int, batch_size: int, split: str) -> dict:
         raise NotImplementedError
+
+    def batch_rows(self, step: int, batch_size: int, rows=None, split: str = "train") -> dict:
+        """Rows `rows` (indices into the batch, in that order) of `batch(step, batch_size,
+        split)`, equal to `batch(...)[rows]` field by field: what one process of several
+        reads of a global batch (training/sharding.process_indices). None: every row.
+        Sources that can read a row without the others (text, the token store) read only
+        these; the others build the batch and keep the rows."""
+        if rows is None:
+            return self.batch(step, batch_size, split)
+        rows = np.asarray(rows, np.int64).reshape(-1)
+        if rows.size and (rows.min() < 0 or rows.max() >= batch_size):
+            raise ValueError(f"rows {rows.min()}..{rows.max()} outside a batch of {batch_size}")
+        if rows.size == batch_size and np.array_equal(rows, np.arange(batch_size)):
+            return self.batch(step, batch_size, split)
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        return self._batch_rows(int(step), int(batch_size), rows, canonical_split(split))
+
+    def _batch_rows(self, step: int, batch_size: int, rows: np.ndarray, split: str) -> dict:
+        return {k: v[rows] for k, v in self._batch(step, batch_size, split).items()}
 
     def eval_batches(self, batch_size: int, num_batches: int | None = 8) -> Iterator[dict]:
         """A fixed held-out set: batch i is `batch(i, batch_size, "val")`."""

@@ -117,17 +117,27 @@ class MixtureDataset(Dataset):
         return np.minimum(np.searchsorted(cdf, u, side="right"), len(cdf) - 1)
 
     def _batch(self, step: int, batch_size: int, split: str) -> dict:
+        return self._batch_rows(step, batch_size, np.arange(batch_size), split)
+
+    def _batch_rows(self, step: int, batch_size: int, wanted: np.ndarray, split: str) -> dict:
+        """Rows `wanted` of the batch: each component is asked only for the rows of its
+        own batch (of all the rows it was picked for) that land in `wanted`."""
+        if not len(wanted):  # no component to take the fields' shapes from
+            return super()._batch_rows(step, batch_size, wanted, split)
         which = self.choose(step, batch_size, split)
         out = {k: None for k in BATCH_KEYS}
+        n_out = len(wanted)
         for c, name in enumerate(self.names):
-            rows = np.nonzero(which == c)[0]
-            if not len(rows):
+            picked = np.nonzero(which == c)[0]      # batch rows from this component
+            mine = np.nonzero(which[wanted] == c)[0]  # where they go in the output
+            if not len(mine):
                 continue
-            sub = self.components[name].batch(step, len(rows), split)
+            own = np.searchsorted(picked, wanted[mine])  # their rows in its own batch
+            sub = self.components[name].batch_rows(step, len(picked), own, split)
             if self.loss_weights[c] != 1.0:
                 sub = {**sub, "mask": sub["mask"] * np.float32(self.loss_weights[c])}
             for k in BATCH_KEYS:
                 if out[k] is None:
-                    out[k] = np.zeros((batch_size,) + sub[k].shape[1:], sub[k].dtype)
-                out[k][rows] = sub[k]
+                    out[k] = np.zeros((n_out,) + sub[k].shape[1:], sub[k].dtype)
+                out[k][mine] = sub[k]
         return out

@@ -14,7 +14,10 @@ from __future__ import annotations
 import concurrent.futures
 import threading
 
+import numpy as np
+
 from data.base import Dataset
+from data.order import canonical_split
 
 
 class Prefetched(Dataset):
@@ -42,19 +45,38 @@ class Prefetched(Dataset):
         return self.inner.vocab_size
 
     def _batch(self, step: int, batch_size: int, split: str) -> dict:
-        if split != "train":  # held-out batches are read once each: nothing to gain
+        return self._get(step, batch_size, None, split)
+
+    def batch_rows(self, step: int, batch_size: int, rows=None, split: str = "train") -> dict:
+        """As Dataset.batch_rows; a process's share of the next batches is read ahead."""
+        if rows is not None:
+            rows = tuple(int(r) for r in np.asarray(rows).reshape(-1))
+            if rows == tuple(range(batch_size)):
+                rows = None
+        if batch_size <= 0:
+            raise ValueError(f"batch_size must be positive, got {batch_size}")
+        return self._get(int(step), int(batch_size), rows, canonical_split(split))
+
+    def _read(self, step: int, batch_size: int, rows, split: str) -> dict:
+        if rows is None:
             return self.inner.batch(step, batch_size, split)
+        return self.inner.batch_rows(step, batch_size, np.asarray(rows, np.int64), split)
+
+    def _get(self, step: int, batch_size: int, rows, split: str) -> dict:
+        if split != "train":  # held-out batches are read once each: nothing to gain
+            return self._read(step, batch_size, rows, split)
+        shape = (batch_size, rows)
         with self._lock:
-            fut = self._pending.pop((step, batch_size), None)
+            fut = self._pending.pop((step, shape), None)
             # Drop what this request passed by (a jump), keep the window ahead of it.
             for key in [k for k in self._pending if not step < k[0] <= step + self.depth
-                        or k[1] != batch_size]:
+                        or k[1] != shape]:
                 self._pending.pop(key).cancel()
             for s in range(step + 1, step + self.depth + 1):
-                if (s, batch_size) not in self._pending:
-                    self._pending[(s, batch_size)] = self._pool.submit(
-                        self.inner.batch, s, batch_size, "train")
-        return fut.result() if fut is not None else self.inner.batch(step, batch_size, split)
+                if (s, shape) not in self._pending:
+                    self._pending[(s, shape)] = self._pool.submit(
+                        self._read, s, batch_size, rows, "train")
+        return fut.result() if fut is not None else self._read(step, batch_size, rows, split)
 
     def eval_batches(self, *args, **kwargs):  # the inner dataset's own defaults
         return self.inner.eval_batches(*args, **kwargs)

@@ -140,14 +140,24 @@ class StoreDataset(Dataset):
                              f"than seq_len + 1 = {self.seq_len + 1}; lower data.seq_len "
                              "or prepare more text")
 
-    def _batch(self, step: int, batch_size: int, split: str) -> dict:
+    def _starts(self, step: int, batch_size: int, split: str) -> np.ndarray:
+        """Every row's start in the split: the batch's one draw from rng([seed, step])
+        (or the epoch's permutation), whichever rows are then read."""
         self._check_length(split)
         n = self._len(split)
         if self.packing == "random_windows":
-            starts = step_rng(self.seed, step, split).integers(0, n - self.seq_len,
-                                                               size=batch_size)
-        else:
-            starts = row_starts(step, batch_size, self.seq_len, self._permutations[split])
+            return step_rng(self.seed, step, split).integers(0, n - self.seq_len,
+                                                             size=batch_size)
+        return row_starts(step, batch_size, self.seq_len, self._permutations[split])
+
+    def _batch(self, step: int, batch_size: int, split: str) -> dict:
+        return self._read(self._starts(step, batch_size, split), split)
+
+    def _batch_rows(self, step: int, batch_size: int, rows: np.ndarray, split: str) -> dict:
+        """Only `rows` are read from the shards: a process's share of a global batch."""
+        return self._read(self._starts(step, batch_size, split)[rows], split)
+
+    def _read(self, starts: np.ndarray, split: str) -> dict:
         rows = self.tokens.rows(np.asarray(starts) + self._bounds[split][0], self.seq_len + 1)
         return packing.make_batch(rows[:, :-1], rows[:, 1:], self.eod_id)
 

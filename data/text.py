@@ -113,15 +113,24 @@ class TextDataset(Dataset):
         """Documents meet in a row only where an end-of-document id separates them."""
         return self.eod_id is not None
 
-    def _batch(self, step: int, batch_size: int, split: str) -> dict:
+    def _starts(self, step: int, batch_size: int, split: str) -> np.ndarray:
+        """Every row's start in the split's stream: the batch's one draw from
+        rng([seed, step]) (or the epoch's permutation), whichever rows are read."""
         stream = self._stream(split)
         self._check_length(split)
         if self.packing == "random_windows":
             rng = step_rng(self.seed, step, split)
-            starts = rng.integers(0, len(stream) - self.seq_len, size=batch_size)
-        else:
-            starts = row_starts(step, batch_size, self.seq_len, self._permutations(split))
-        inputs, targets = packing.windows(stream, starts, self.seq_len)
+            return rng.integers(0, len(stream) - self.seq_len, size=batch_size)
+        return row_starts(step, batch_size, self.seq_len, self._permutations(split))
+
+    def _batch(self, step: int, batch_size: int, split: str) -> dict:
+        return self._rows_at(self._starts(step, batch_size, split), split)
+
+    def _batch_rows(self, step: int, batch_size: int, rows: np.ndarray, split: str) -> dict:
+        return self._rows_at(self._starts(step, batch_size, split)[rows], split)
+
+    def _rows_at(self, starts: np.ndarray, split: str) -> dict:
+        inputs, targets = packing.windows(self._stream(split), starts, self.seq_len)
         return packing.make_batch(inputs, targets, self.eod_id)
 
     def _permutations(self, split: str) -> EpochPermutations:

@@ -6,7 +6,9 @@
 Without --store, DIR/corpus (--mb megabytes of generated text in 64 files of
 paragraphs) is prepared into DIR/store first (byte tokenizer; the preparation's own
 rate is reported too). Each row then builds the dataset and times `batch(step)` for
-steps 0 .. steps-1 after one warm-up batch, for each packing and prefetch depth; the
+steps 0 .. steps-1 after one warm-up batch, for each packing and prefetch depth (and
+process 0 of 2 reading its half of each batch with `batch_rows`, as the training feed does
+on two processes); the
 store's pages are in the page cache after the first pass (as they are for a store that
 fits in RAM; a store past RAM adds the disk's read rate). Prints a table and writes
 DIR/bench_loader.json, with the process's resident memory after each row (VmRSS and
@@ -54,20 +56,25 @@ def resident_mib() -> dict:
 
 
 def time_loader(store: str, packing: str, prefetch: int, seq_len: int, batch_size: int,
-                steps: int) -> dict:
+                steps: int, processes: int = 1) -> dict:
+    """`processes` > 1: what process 0 of that many reads, its rows of each global batch
+    (`batch_rows`, as the training loop's feed asks on several processes); the rates
+    count the rows it reads."""
     ds = data.build({"source": "store", "store": store, "seq_len": seq_len,
                      "packing": packing, "prefetch": prefetch, "verify_store": False}, seed=0)
-    ds.batch(0, batch_size)
+    share = None if processes == 1 else list(range(batch_size // processes))
+    ds.batch_rows(0, batch_size, share)
     start = time.perf_counter()
     cpu0 = time.process_time()
     for step in range(1, steps + 1):
-        ds.batch(step, batch_size)
+        ds.batch_rows(step, batch_size, share)
     wall = time.perf_counter() - start
     cpu = time.process_time() - cpu0
     if hasattr(ds, "close"):
         ds.close()
-    rows = steps * batch_size
+    rows = steps * (batch_size if share is None else len(share))
     return {"packing": packing, "prefetch": prefetch, "seq_len": seq_len,
+            "processes": processes,
             "batch_size": batch_size, "steps": steps, "wall_s": wall,
             "rows_per_s": rows / wall, "tokens_per_s": rows * seq_len / wall,
             "cpu_s_per_wall_s": cpu / wall, "resident_mib": resident_mib()}
@@ -97,16 +104,18 @@ def main() -> int:
                              "tokens_per_s": m["tokens"] / wall}
         print(f"prepare: {m['tokens']:,} tokens in {wall:.1f} s "
               f"({m['tokens'] / wall / 1e6:.1f}M tokens/s; a finished store is only checked)")
-    print(f"{'packing':<16}{'prefetch':>9}{'rows/s':>10}{'M tokens/s':>12}{'cpu/wall':>10}"
-          f"{'RSS MiB':>9}{'file MiB':>9}")
-    for packing in ("random_windows", "rows"):
-        for prefetch in (0, 2):
-            r = time_loader(store, packing, prefetch, a.seq_len, a.batch_size, a.steps)
-            result["rows"].append(r)
-            print(f"{packing:<16}{prefetch:>9}{r['rows_per_s']:>10.0f}"
-                  f"{r['tokens_per_s'] / 1e6:>12.1f}{r['cpu_s_per_wall_s']:>10.2f}"
-                  f"{r['resident_mib']['VmRSS']:>9.0f}{r['resident_mib']['RssFile']:>9.0f}")
-            (out / "bench_loader.json").write_text(json.dumps(result, indent=1))
+    print(f"{'packing':<16}{'prefetch':>9}{'share':>7}{'rows/s':>10}{'M tokens/s':>12}"
+          f"{'cpu/wall':>10}{'RSS MiB':>9}{'file MiB':>9}")
+    for packing, prefetch, processes in [(p, d, 1) for p in ("random_windows", "rows")
+                                         for d in (0, 2)] + [("random_windows", 2, 2)]:
+        r = time_loader(store, packing, prefetch, a.seq_len, a.batch_size, a.steps,
+                        processes)
+        result["rows"].append(r)
+        share = "all" if processes == 1 else f"1/{processes}"
+        print(f"{packing:<16}{prefetch:>9}{share:>7}{r['rows_per_s']:>10.0f}"
+              f"{r['tokens_per_s'] / 1e6:>12.1f}{r['cpu_s_per_wall_s']:>10.2f}"
+              f"{r['resident_mib']['VmRSS']:>9.0f}{r['resident_mib']['RssFile']:>9.0f}")
+        (out / "bench_loader.json").write_text(json.dumps(result, indent=1))
     return 0
 
 

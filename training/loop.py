@@ -129,18 +129,28 @@ def _dataset_and_model_config(config):
 class _Feed(NamedTuple):
     """Global batches on the mesh. The training batch of step s is dataset.batch(s): the
     data position is the step, so a resumed run sees the batches an uninterrupted one
-    would."""
+    would. Each process reads only its rows of it (dataset.batch_rows, the rows its
+    devices hold) and the global array is assembled from every process's share
+    (jax.make_array_from_process_local_data); one process reads them all."""
     dataset: Any
     batch_size: int
     eval_batches: int
     sharding: Any
 
     def train(self, step: int) -> dict:
-        return shd.global_batch(self.dataset.batch(step, self.batch_size), self.sharding)
+        shape = (self.batch_size, int(self.dataset.seq_len))
+        rows = None if jax.process_count() == 1 else shd.process_rows(self.sharding, shape)
+        return shd.global_batch_from_process_data(
+            self.dataset.batch_rows(step, self.batch_size, rows), self.sharding, shape)
 
     def eval(self) -> Iterator[dict]:
+        # The held-out batches are few and walked in order: each process reads them whole
+        # and keeps its rows.
+        shape = (self.batch_size, int(self.dataset.seq_len))
+        rows = None if jax.process_count() == 1 else shd.process_rows(self.sharding, shape)
         for b in self.dataset.eval_batches(self.batch_size, self.eval_batches):
-            yield shd.global_batch(b, self.sharding)
+            local = b if rows is None else {k: v[rows] for k, v in b.items()}
+            yield shd.global_batch_from_process_data(local, self.sharding, shape)
 
 
 # ---------------------------------------------------------------------------------- restore

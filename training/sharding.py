@@ -122,3 +122,69 @@ def global_batch(batch: Mapping[str, np.ndarray], sharding: NamedSharding) -> di
         out[name] = jax.make_array_from_callback(value.shape, sharding,
                                                  lambda idx, v=value: v[idx])
     return out
+
+
+# ------------------------------------------- each process's share of a global batch
+def process_indices(sharding: NamedSharding, global_shape: Sequence[int], *,
+                    devices_indices=None, process_of=None, process_index: int | None = None
+                    ) -> tuple[np.ndarray, ...]:
+    """Per dimension, the global indices of the block of a `global_shape` array that this
+    process's devices hold, in the order `jax.make_array_from_process_local_data` reads
+    its local data: the process's distinct shard slices sorted by start, concatenated.
+    A dimension the process holds whole is arange(size). On one process: every index.
+
+    devices_indices, process_of, process_index (for tests): a {device: index tuple} map
+    of all devices (default `sharding.devices_indices_map(global_shape)`), a device's
+    process (default its process_index) and the process asked about (default this one)."""
+    global_shape = tuple(int(n) for n in global_shape)
+    if devices_indices is None:
+        devices_indices = sharding.devices_indices_map(global_shape)
+    pid = jax.process_index() if process_index is None else process_index
+    if process_of is None:
+        process_of = lambda d: d.process_index  # noqa: E731
+    out = []
+    for dim, size in enumerate(global_shape):
+        starts, width = set(), None
+        for device, index in devices_indices.items():
+            if process_of(device) != pid:
+                continue
+            sl = index[dim] if dim < len(index) else slice(None)
+            lo, hi, _ = sl.indices(size)
+            starts.add(lo)
+            width = hi - lo
+        if width is None:
+            raise MeshError(f"process {pid} holds no device of the mesh")
+        starts = sorted(starts)
+        if len(starts) * width == size:  # held whole (possibly out of order): in order
+            out.append(np.arange(size, dtype=np.int64))
+        else:
+            out.append(np.concatenate([np.arange(s, s + width, dtype=np.int64)
+                                       for s in starts]))
+    return tuple(out)
+
+
+def process_rows(sharding: NamedSharding, global_shape: Sequence[int]) -> np.ndarray:
+    """The batch rows (dimension 0) this process reads: see process_indices."""
+    return process_indices(sharding, global_shape)[0]
+
+
+def global_batch_from_process_data(local: Mapping[str, np.ndarray], sharding: NamedSharding,
+                                   global_shape: Sequence[int]) -> dict:
+    """A global jax.Array per field of `global_shape` (leading dims; a field's trailing
+    dims are its own) from this process's rows (`process_rows`, read by the data source
+    from its pure function of (seed, step)): `jax.make_array_from_process_local_data`.
+    Dimensions past the rows that this process does not hold whole (a sequence axis over
+    processes) are cut from the local rows here."""
+    out = {}
+    for name, value in local.items():
+        value = np.asarray(value)
+        shape = tuple(global_shape) + value.shape[len(global_shape):]
+        if jax.process_count() == 1:
+            out[name] = jax.make_array_from_process_local_data(sharding, value, shape)
+            continue
+        idx = process_indices(sharding, shape)
+        for dim in range(1, value.ndim):
+            if len(idx[dim]) != shape[dim]:
+                value = np.take(value, idx[dim], axis=dim)
+        out[name] = jax.make_array_from_process_local_data(sharding, value, shape)
+    return out
