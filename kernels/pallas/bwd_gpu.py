@@ -22,33 +22,55 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels.pallas import common, tiles
+from kernels.pallas import common, fwd_gpu, tiles
 from kernels.pallas.plan import Config, dims, sequential_params
 
 GRADS_STAGES = 1  # the gradient kernel reads each tile once: nothing to pipeline
 
 
-def _dstate_kernel(*refs, has_w, has_g, has_key, chunk, num_chunks):
+def _dstate_kernel(*refs, has_w, has_g, has_key, chunk, num_chunks, pieces):
     (w_ref, _, q_ref, k_ref, p_ref, gcl_ref, g_ref, key_ref), rest = tiles.split_refs(
         refs, has_w, has_g, has_key)
-    do_ref, dst_ref, du_ref, dh_ref, ds0_ref = rest
+    do_ref, dst_ref = rest[:2]
+    bounds_ref = rest[2] if pieces > 1 else None
+    du_ref, dh_ref, ds0_ref = rest[-3:]
     dt = du_ref.dtype
     prec = common.dot_precision(dt)
 
-    def body(i, ds):
-        n = num_chunks - 1 - i
+    def step(n, ds):
         rows = pl.ds(n * chunk, chunk)
         gam = g_ref[rows][:, None] if has_g else None
         gkey = key_ref[rows][:, None] if has_key else None
-        dsc, du, ds = tiles.dstate_step(ds, w_ref[rows, :] if has_w else None,
-                                        q_ref[rows, :], k_ref[rows, :], p_ref[rows, :],
-                                        gam, gcl_ref[n], do_ref[rows, :].astype(dt), prec,
-                                        gkey)
-        dh_ref[n] = dsc
-        du_ref[rows, :] = du
-        return ds
+        return rows, tiles.dstate_step(ds, w_ref[rows, :] if has_w else None,
+                                       q_ref[rows, :], k_ref[rows, :], p_ref[rows, :],
+                                       gam, gcl_ref[n], do_ref[rows, :].astype(dt), prec,
+                                       gkey)
 
-    ds0_ref[...] = lax.fori_loop(0, num_chunks, body, dst_ref[...])
+    def body_from(top):
+        def body(i, ds):
+            n = top - i
+            rows, (dsc, du, ds) = step(n, ds)
+            dh_ref[n] = dsc
+            du_ref[rows, :] = du
+            return ds
+        return body
+
+    if pieces == 1:
+        ds0_ref[...] = lax.fori_loop(0, num_chunks, body_from(num_chunks - 1),
+                                     dst_ref[...])
+        return
+    # This program's piece, last chunk first (documents.piece_bounds): the last piece
+    # starts from the final state's cotangent, the others from zero at a chunk holding
+    # a document start, whose own dS' and dU the next piece writes.
+    lo, last, hi = common.piece_walk(bounds_ref, pieces, reverse=True)
+    dst = dst_ref[...]
+    start = jnp.where(pl.program_id(3) == pieces - 1, dst, jnp.zeros_like(dst))
+    ds = lax.fori_loop(0, hi - last, lambda i, ds: step(hi - i, ds)[1][2], start)
+    ds = lax.fori_loop(0, last - lo + 1, body_from(last), ds)
+
+    @pl.when((lo == 0) & (last >= 0))
+    def _store_initial():
+        ds0_ref[...] = ds
 
 
 def _grads_kernel(*refs, has_w, has_g, has_key, u_saved, block_cols):
@@ -112,7 +134,7 @@ def _grads_kernel(*refs, has_w, has_g, has_key, u_saved, block_cols):
     dgcl_ref[...] = dgcl
 
 
-def backward(w, ut, q, k, p, gcl, gam, gkey, h, do, dst, cfg: Config, u=None):
+def backward(w, ut, q, k, p, gcl, gam, gkey, h, do, dst, bounds, cfg: Config, u=None):
     """The GPU backward. u: U = Ut - W S as the forward wrote it (then ut may be None),
     else recomputed from ut, w and the states h. Returns
     (dw | None, dut, dq, dk, dp, dgcl, dgam | None, dgkey | None, ds0) with dq, dk as
@@ -128,20 +150,22 @@ def backward(w, ut, q, k, p, gcl, gam, gkey, h, do, dst, cfg: Config, u=None):
         [gkey] if has_key else [])
 
     seq = common.sequence_specs(nh, tp, n)
+    grid, bounds_specs, bounds_args = fwd_gpu.grid_and_bounds(b, nh, vdim // bv, bounds,
+                                                              cfg)
     du, dh, ds0 = pl.pallas_call(
         functools.partial(_dstate_kernel, has_w=has_w, has_g=has_g, has_key=has_key,
-                          chunk=c, num_chunks=n),
-        grid=(b, nh, vdim // bv),
+                          chunk=c, num_chunks=n, pieces=cfg.pieces),
+        grid=grid,
         in_specs=(common.recurrence_in_specs(seq, has_w, has_g, kdim, bv, c,
                                              has_key=has_key)
-                  + [seq.token_block(bv), seq.state(kdim, bv)]),
+                  + [seq.token_block(bv), seq.state(kdim, bv)] + bounds_specs),
         out_specs=[seq.rows_block(bv), seq.states(kdim, bv), seq.state(kdim, bv)],
         out_shape=[jax.ShapeDtypeStruct((bh, tp, vdim), dt),
                    jax.ShapeDtypeStruct((bh, n, kdim, vdim), dt),
                    jax.ShapeDtypeStruct((bh, kdim, vdim), jnp.float32)],
         interpret=common.interpret(),
         compiler_params=sequential_params(kdim, bv, cfg.tuning),
-        name="linear_chunk_bwd_dstate")(*lead, do, dst)
+        name="linear_chunk_bwd_dstate")(*lead, do, dst, *bounds_args)
 
     spec = common.chunk_specs(nh, c)
     crow, tok, one, gspec = spec.rows, spec.token(kdim), spec.scalar, spec.per_token

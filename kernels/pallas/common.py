@@ -152,7 +152,9 @@ class SequenceSpecs(NamedTuple):
     token_block(bv) a (B, Tp, H, .) array's rows of one head (all d columns, or value
     block j); per_token a (B, Tp, H) one's; rows(d) and rows_block(bv) a head-major
     (B*H, Tp, .) one's; chunk_scalars a (B*H, N, 1, 1) one's; state(k, bv) a (B*H, k, V)
-    one's value block; states(k, bv) a (B*H, N, k, V) one's (every chunk-start state)."""
+    one's value block; states(k, bv) a (B*H, N, k, V) one's (every chunk-start state).
+    With packed documents the grid gains a fourth axis, the piece of the row
+    (kernels.pallas.documents.piece_bounds); every block spans it whole."""
     token: Callable
     token_block: Callable
     per_token: object
@@ -166,19 +168,39 @@ class SequenceSpecs(NamedTuple):
 def sequence_specs(h: int, tp: int, num_chunks: int) -> SequenceSpecs:
     row = lambda bi, hi: bi * h + hi  # noqa: E731
     return SequenceSpecs(
-        token=lambda d: pl.BlockSpec((None, tp, None, d), lambda bi, hi, j: (bi, 0, hi, 0)),
+        token=lambda d: pl.BlockSpec((None, tp, None, d),
+                                     lambda bi, hi, j, *_: (bi, 0, hi, 0)),
         token_block=lambda bv: pl.BlockSpec((None, tp, None, bv),
-                                            lambda bi, hi, j: (bi, 0, hi, j)),
-        per_token=pl.BlockSpec((None, tp, None), lambda bi, hi, j: (bi, 0, hi)),
-        rows=lambda d: pl.BlockSpec((None, tp, d), lambda bi, hi, j: (row(bi, hi), 0, 0)),
+                                            lambda bi, hi, j, *_: (bi, 0, hi, j)),
+        per_token=pl.BlockSpec((None, tp, None), lambda bi, hi, j, *_: (bi, 0, hi)),
+        rows=lambda d: pl.BlockSpec((None, tp, d),
+                                    lambda bi, hi, j, *_: (row(bi, hi), 0, 0)),
         rows_block=lambda bv: pl.BlockSpec((None, tp, bv),
-                                           lambda bi, hi, j: (row(bi, hi), 0, j)),
+                                           lambda bi, hi, j, *_: (row(bi, hi), 0, j)),
         chunk_scalars=pl.BlockSpec((None, num_chunks, 1, 1),
-                                   lambda bi, hi, j: (row(bi, hi), 0, 0, 0)),
+                                   lambda bi, hi, j, *_: (row(bi, hi), 0, 0, 0)),
         state=lambda k, bv: pl.BlockSpec((None, k, bv),
-                                         lambda bi, hi, j: (row(bi, hi), 0, j)),
+                                         lambda bi, hi, j, *_: (row(bi, hi), 0, j)),
         states=lambda k, bv: pl.BlockSpec((None, num_chunks, k, bv),
-                                          lambda bi, hi, j: (row(bi, hi), 0, 0, j)))
+                                          lambda bi, hi, j, *_: (row(bi, hi), 0, 0, j)))
+
+
+def piece_bounds_spec(size: int):
+    """The (B, size) piece bounds' row of one batch entry, on the grid (B, H, value
+    blocks, pieces)."""
+    return pl.BlockSpec((None, size), lambda bi, hi, j, p: (bi, 0))
+
+
+def piece_walk(bounds_ref, pieces: int, reverse: bool = False):
+    """This program's piece of the row, per documents.piece_bounds, as chunk indices
+    (lo, first or last written chunk, hi). Forward the walk goes lo..hi and writes from
+    lo + 1 (from lo in the first piece); reverse it goes hi..lo and writes from hi - 1
+    down (from hi in the last piece)."""
+    p = pl.program_id(3)
+    lo, hi = bounds_ref[p], bounds_ref[p + 1]
+    if reverse:
+        return lo, jnp.where(p == pieces - 1, hi, hi - 1), hi
+    return lo, jnp.where(p == 0, lo, lo + 1), hi
 
 
 def recurrence_in_specs(spec: SequenceSpecs, has_w, has_g, kdim, bv, c, with_qp=True,

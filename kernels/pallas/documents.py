@@ -26,6 +26,7 @@ need a host-side count of documents, a shape that changes with the data.
 from __future__ import annotations
 
 import jax.numpy as jnp
+from jax import lax
 
 from kernels.common import pad_axis, run_ids
 
@@ -64,3 +65,35 @@ def masked_weights(big_g, runs, prev_run, chunk: int):
 def same_run(runs_c):
     """(..., C, C) bool: tokens t, s of a chunk in the same run; runs_c (..., C)."""
     return runs_c[..., :, None] == runs_c[..., None, :]
+
+
+def piece_bounds(runs, chunk: int, pieces: int, piece_chunks: int):
+    """(B, Q) int32, Q the next power of two >= pieces + 1: where each piece of a row's
+    sequential walk starts, b_0 = 0, b_p the chunk holding the start of the document that
+    contains token p * piece_chunks * chunk (0 < p < pieces), b_pieces = N - 1, padded
+    with N - 1. runs: (B, Tp) run indices (nondecreasing).
+
+    Why a walk from b_p may start from a zero state: b_p > 0 holds a document start, so
+    the state after chunk b_p does not depend on the state before it (its decay and
+    every incoming-run key weight are masked), and the outputs, U and state of the
+    chunk's tokens after that start do not either. Forward, piece p walks b_p..b_{p+1}
+    and writes chunks (b_p, b_{p+1}] ([0, b_1] for p = 0), so the chunk b_p (whose
+    first tokens belong to the previous document) is written by the piece that carried
+    the real state into it; backward (dS, last chunk first), piece p walks b_{p+1}..b_p
+    and writes [b_p, b_{p+1}) ([b_last, N - 1] for the last piece): a chunk holding a
+    document start passes nothing of dS' back to the chunk before it. The pieces' write
+    ranges partition the chunks, whatever the documents; a row of one document gives
+    one piece the whole walk (today's cost) and the others one chunk each.
+    """
+    b, tp = runs.shape
+    n = tp // chunk
+    size = 1
+    while size < pieces + 1:
+        size *= 2
+    index = jnp.arange(tp, dtype=jnp.int32)
+    changed = jnp.concatenate([jnp.zeros((b, 1), bool), runs[:, 1:] != runs[:, :-1]], 1)
+    doc_start = lax.cummax(jnp.where(changed, index, 0), axis=1)       # (B, Tp)
+    first = jnp.minimum(jnp.arange(1, pieces) * piece_chunks * chunk, tp - 1)
+    inner = doc_start[:, first] // chunk                               # (B, pieces - 1)
+    return jnp.concatenate([jnp.zeros((b, 1), jnp.int32), inner.astype(jnp.int32),
+                            jnp.full((b, size - pieces), n - 1, jnp.int32)], axis=1)

@@ -25,25 +25,65 @@ from kernels.pallas import common, tiles
 from kernels.pallas.plan import Config, dims, sequential_params
 
 
-def _loop_kernel(*refs, has_w, has_g, has_key, chunk, num_chunks):
+def walk(s0_ref, bounds_ref, st_ref, step, carry, *, num_chunks, pieces):
+    """The sequential loop of one program: step(n, s) handles chunk n, writing its
+    outputs, and returns the next state; carry(n, s) only returns it. One piece: every
+    chunk from the initial state. Several (packed documents): this program's piece from
+    a zero state (the initial state where it starts at chunk 0), the piece's first chunk
+    carried without writes (the piece before writes it) but in the first piece; the
+    final state stored by the piece that writes the last chunk."""
+    if pieces == 1:
+        st_ref[...] = lax.fori_loop(0, num_chunks, step, s0_ref[...])
+        return
+    lo, first, hi = common.piece_walk(bounds_ref, pieces)
+    s0 = s0_ref[...]
+    s = lax.fori_loop(lo, first, carry, jnp.where(lo == 0, s0, jnp.zeros_like(s0)))
+    s = lax.fori_loop(first, hi + 1, step, s)
+
+    @pl.when((hi == num_chunks - 1) & (first <= hi))
+    def _store_final():
+        st_ref[...] = s
+
+
+def _loop_kernel(*refs, has_w, has_g, has_key, chunk, num_chunks, pieces):
     (w_ref, ut_ref, q_ref, k_ref, p_ref, gcl_ref, g_ref, key_ref), rest = tiles.split_refs(
         refs, has_w, has_g, has_key)
-    s0_ref, o_ref, st_ref = rest
+    s0_ref = rest.pop(0)
+    bounds_ref = rest.pop(0) if pieces > 1 else None
+    o_ref, st_ref = rest
+    prec = common.dot_precision(ut_ref.dtype)
+
+    def weights(rows):
+        gam = g_ref[rows][:, None] if has_g else None
+        gkey = key_ref[rows][:, None] if has_key else None
+        return w_ref[rows, :] if has_w else None, gam, gkey
 
     def body(n, s):
         rows = pl.ds(n * chunk, chunk)
-        w = w_ref[rows, :] if has_w else None
-        gam = g_ref[rows][:, None] if has_g else None
-        gkey = key_ref[rows][:, None] if has_key else None
+        w, gam, gkey = weights(rows)
         o, s = tiles.fwd_chunk(s, w, ut_ref[rows, :], q_ref[rows, :], k_ref[rows, :],
                                p_ref[rows, :], gcl_ref[n], gam, gkey)
         o_ref[rows, :] = o.astype(o_ref.dtype)
         return s
 
-    st_ref[...] = lax.fori_loop(0, num_chunks, body, s0_ref[...])
+    def carry(n, s):
+        rows = pl.ds(n * chunk, chunk)
+        w, gam, gkey = weights(rows)
+        return tiles.state_step(s, ut_ref[rows, :], w, k_ref[rows, :], gam, gcl_ref[n],
+                                prec, gkey)[2]
+
+    walk(s0_ref, bounds_ref, st_ref, body, carry, num_chunks=num_chunks, pieces=pieces)
 
 
-def forward(w, ut, q, k, p, gcl, gam, gkey, s0, cfg: Config):
+def grid_and_bounds(b, h, nv, bounds, cfg: Config):
+    """The sequential kernels' grid, and the piece bounds' spec and argument (none for
+    one piece)."""
+    if cfg.pieces == 1:
+        return (b, h, nv), [], []
+    return (b, h, nv, cfg.pieces), [common.piece_bounds_spec(bounds.shape[1])], [bounds]
+
+
+def forward(w, ut, q, k, p, gcl, gam, gkey, s0, bounds, cfg: Config):
     """(O (B, Tp, H, V) in cfg.out_dtype, final state (BH, K, V) float32) by one
     sequential kernel; arguments as recurrence.chunk_recurrence."""
     c, bv = cfg.chunk, cfg.block_v
@@ -52,22 +92,23 @@ def forward(w, ut, q, k, p, gcl, gam, gkey, s0, cfg: Config):
     spec = common.sequence_specs(h, tp, n)
     args = ([w] if has_w else []) + [ut, q, k, p, gcl] + ([gam] if has_g else []) + (
         [gkey] if has_key else []) + [s0]
+    grid, bounds_specs, bounds_args = grid_and_bounds(b, h, vdim // bv, bounds, cfg)
     return pl.pallas_call(
         functools.partial(_loop_kernel, has_w=has_w, has_g=has_g, has_key=has_key, chunk=c,
-                          num_chunks=n),
-        grid=(b, h, vdim // bv),
+                          num_chunks=n, pieces=cfg.pieces),
+        grid=grid,
         in_specs=(common.recurrence_in_specs(spec, has_w, has_g, kdim, bv, c,
                                              has_key=has_key)
-                  + [spec.state(kdim, bv)]),
+                  + [spec.state(kdim, bv)] + bounds_specs),
         out_specs=[spec.token_block(bv), spec.state(kdim, bv)],
         out_shape=[jax.ShapeDtypeStruct((b, tp, h, vdim), jnp.dtype(cfg.out_dtype)),
                    jax.ShapeDtypeStruct((b * h, kdim, vdim), jnp.float32)],
         interpret=common.interpret(),
         compiler_params=sequential_params(kdim, bv, cfg.tuning),
-        name="linear_chunk_fwd")(*args)
+        name="linear_chunk_fwd")(*args, *bounds_args)
 
 
-def _state_kernel(*refs, has_w, has_g, has_key, chunk, num_chunks):
+def _state_kernel(*refs, has_w, has_g, has_key, chunk, num_chunks, pieces):
     """State pass (sequential): h[n] = S, U = Ut - W S, S' = e^G_C S + Kd^T U."""
     refs = list(refs)
     w_ref = refs.pop(0) if has_w else None
@@ -75,22 +116,29 @@ def _state_kernel(*refs, has_w, has_g, has_key, chunk, num_chunks):
     refs = refs[3:]
     g_ref = refs.pop(0) if has_g else None
     key_ref = refs.pop(0) if has_key else None
-    s0_ref, st_ref, h_ref, *rest = refs
+    s0_ref = refs.pop(0)
+    bounds_ref = refs.pop(0) if pieces > 1 else None
+    st_ref, h_ref, *rest = refs
     u_ref = rest[0] if has_w else None
     prec = common.dot_precision(ut_ref.dtype)
 
-    def body(n, s):
+    def step(n, s):
         rows = pl.ds(n * chunk, chunk)
         gam = g_ref[rows][:, None] if has_g else None
         gkey = key_ref[rows][:, None] if has_key else None
-        sc, uc, s = tiles.state_step(s, ut_ref[rows, :], w_ref[rows, :] if has_w else None,
-                                     k_ref[rows, :], gam, gcl_ref[n], prec, gkey)
+        return rows, tiles.state_step(s, ut_ref[rows, :],
+                                      w_ref[rows, :] if has_w else None, k_ref[rows, :],
+                                      gam, gcl_ref[n], prec, gkey)
+
+    def body(n, s):
+        rows, (sc, uc, s) = step(n, s)
         h_ref[n] = sc
         if has_w:
             u_ref[rows, :] = uc
         return s
 
-    st_ref[...] = lax.fori_loop(0, num_chunks, body, s0_ref[...])
+    walk(s0_ref, bounds_ref, st_ref, body, lambda n, s: step(n, s)[1][2],
+         num_chunks=num_chunks, pieces=pieces)
 
 
 def _output_kernel(*refs, has_g, block_cols):
@@ -111,7 +159,7 @@ def _output_kernel(*refs, has_g, block_cols):
         o_ref[:, cols] = o.astype(o_ref.dtype)
 
 
-def forward_saving(w, ut, q, k, p, gcl, gam, gkey, s0, cfg: Config):
+def forward_saving(w, ut, q, k, p, gcl, gam, gkey, s0, bounds, cfg: Config):
     """forward's (O, final state) and what the backward reads: the chunk-start states
     (BH, N, K, V) in the input dtype and U = Ut - W S (BH, Tp, V), or None for linear
     attention (U = Ut); by a state pass and an output pass."""
@@ -128,16 +176,17 @@ def forward_saving(w, ut, q, k, p, gcl, gam, gkey, s0, cfg: Config):
         out_shape.append(jax.ShapeDtypeStruct((b * nh, tp, vdim), dt))
     args = ([w] if has_w else []) + [ut, k, gcl] + ([gam] if has_g else []) + (
         [gkey] if has_key else []) + [s0]
+    grid, bounds_specs, bounds_args = grid_and_bounds(b, nh, vdim // bv, bounds, cfg)
     st, h, *rest = pl.pallas_call(
         functools.partial(_state_kernel, has_w=has_w, has_g=has_g, has_key=has_key,
-                          chunk=c, num_chunks=n),
-        grid=(b, nh, vdim // bv),
+                          chunk=c, num_chunks=n, pieces=cfg.pieces),
+        grid=grid,
         in_specs=common.recurrence_in_specs(seq, has_w, has_g, kdim, bv, c, with_qp=False,
                                             has_key=has_key)
-        + [seq.state(kdim, bv)],
+        + [seq.state(kdim, bv)] + bounds_specs,
         out_specs=out_specs, out_shape=out_shape, interpret=common.interpret(),
         compiler_params=sequential_params(kdim, bv, cfg.tuning),
-        name="linear_chunk_fwd_states")(*args)
+        name="linear_chunk_fwd_states")(*args, *bounds_args)
     u = rest[0] if has_w else ut
 
     spec = common.chunk_specs(nh, c)

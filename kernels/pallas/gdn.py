@@ -19,10 +19,10 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from kernels.pallas import common, documents, prep, recurrence
+from kernels.pallas import common, documents, plan, prep, recurrence
 from kernels.pallas.gdn_prep import gdn_prep
 from kernels.pallas.gdn_prep_bwd import gdn_prep_bwd
-from kernels.pallas.plan import Config, block_v
+from kernels.pallas.plan import Config
 from kernels.pallas.tuning import DEFAULT, Tuning
 
 
@@ -85,23 +85,23 @@ def _prepare(q, k, v, g, beta, docs, cfg: Config, *, fused: bool, with_inverse=F
     return big_g, saved, (w, ut, q, k, p, gcl, gam, gkey)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(7,))
-def _fused(q, k, v, g, beta, s0, docs, cfg: Config):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(8,))
+def _fused(q, k, v, g, beta, s0, docs, bounds, cfg: Config):
     _, _, inputs = _prepare(q, k, v, g, beta, docs, cfg, fused=True)
-    o, st = recurrence.chunk_recurrence(*inputs, s0, cfg)
+    o, st = recurrence.chunk_recurrence(*inputs, s0, bounds, cfg)
     return o, st
 
 
-def _fused_fwd(q, k, v, g, beta, s0, docs, cfg):
+def _fused_fwd(q, k, v, g, beta, s0, docs, bounds, cfg):
     big_g, (inverse,), inputs = _prepare(q, k, v, g, beta, docs, cfg, fused=True,
                                          with_inverse=True)
-    (o, st), res = recurrence.forward_with_residuals(*inputs, s0, cfg)
+    (o, st), res = recurrence.forward_with_residuals(*inputs, s0, bounds, cfg)
     return (o, st), (v, beta, inverse, big_g, docs, res)
 
 
 def _fused_bwd(cfg, saved, cts):
     v, beta, inverse, big_g, docs, res = saved
-    _, _, q, k, _, _, gam, _, _, _ = res
+    _, _, q, k, _, _, gam, _, _, _, _ = res
     dw, dut, dq, dk, dp, dgcl, dgam, dgkey, ds0 = recurrence.backward(cfg, res, cts)
     if docs is None:
         prep_docs = None
@@ -117,7 +117,7 @@ def _fused_bwd(cfg, saved, cts):
                                              add=(dq, dk, dgam), documents=prep_docs)
     # G = in-chunk cumsum of g, so dg is the reverse in-chunk cumsum of dG
     dg = prep.in_chunk_cumsum(dbig_g, cfg.chunk, reverse=True)
-    return (dq, dk, dv, dg, dbeta, ds0, None)
+    return (dq, dk, dv, dg, dbeta, ds0, None, None)
 
 
 _fused.defvjp(_fused_fwd, _fused_bwd)
@@ -155,15 +155,14 @@ def gated_delta_rule(q, k, v, log_alpha, beta, *, initial_state=None, return_sta
 
     s0 = (jnp.zeros((b, h, kdim, vdim), jnp.float32) if initial_state is None
           else jnp.asarray(initial_state, jnp.float32)).reshape(b * h, kdim, vdim)
-    cfg = Config(chunk=c, variant=variant, out_dtype=jnp.dtype(dtype).name,
-                 block_v=block_v(kdim, vdim, variant, b * h, tuning), tuning=tuning)
     docs = (None if segment_ids is None
             else documents.chunk_runs(segment_ids, b, t, tp, c))
+    cfg, bounds = plan.configure(c, variant, dtype, kdim, vdim, b, h, n, docs, tuning)
     if fused_prep:
-        o, st = _fused(q, k, v, g, bt, s0, docs, cfg)
+        o, st = _fused(q, k, v, g, bt, s0, docs, bounds, cfg)
     else:
         _, _, inputs = _prepare(q, k, v, g, bt, docs, cfg, fused=False)
-        o, st = recurrence.chunk_recurrence(*inputs, s0, cfg)
+        o, st = recurrence.chunk_recurrence(*inputs, s0, bounds, cfg)
     o = o[:, :t]
     st = st.reshape(b, h, kdim, vdim)
     return (o, st) if return_state else o

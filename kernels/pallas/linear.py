@@ -11,8 +11,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from kernels.pallas import common, documents, prep
-from kernels.pallas.plan import Config, block_v
+from kernels.pallas import common, documents, plan, prep
 from kernels.pallas.recurrence import chunk_recurrence
 from kernels.pallas.tuning import DEFAULT, Tuning
 
@@ -98,11 +97,11 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None,
           else jnp.asarray(s0, jnp.float32))
 
     out_dtype = jnp.float32 if normalize else dtype
-    cfg = Config(chunk=c, variant=variant, out_dtype=jnp.dtype(out_dtype).name,
-                 block_v=block_v(f, dv, variant, b * h, tuning), tuning=tuning)
+    cfg, bounds = plan.configure(c, variant, out_dtype, f, dv, b, h, n,
+                                 None if segment_ids is None else (runs, prev_run), tuning)
     o, st = chunk_recurrence(None, prep.flat(vc), q, k, prep.flat(p.astype(dtype)),
                              gcl.reshape(b * h, n, 1, 1), gam, gkey,
-                             s0.reshape(b * h, f, dv), cfg)
+                             s0.reshape(b * h, f, dv), bounds, cfg)
     st = st.reshape(b, h, f, dv)
     if normalize:
         if gam is None:

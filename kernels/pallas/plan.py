@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-from kernels.pallas import common
+import jax.numpy as jnp
+
+from kernels.pallas import common, documents
 from kernels.pallas.tuning import Tuning
 
 
@@ -16,6 +18,7 @@ class Config(NamedTuple):
     out_dtype: str        # dtype name of O
     block_v: int          # value columns per program (gpu); the whole V on tpu
     tuning: Tuning
+    pieces: int = 1       # pieces each row's sequential walk is split into (gpu, packed)
 
 
 class Dims(NamedTuple):
@@ -36,6 +39,27 @@ def dims(w, ut, q, gam, chunk: int) -> Dims:
     return Dims(b, tp, h, kdim, ut.shape[-1], tp // chunk, w is not None, gam is not None)
 
 
+def pieces(num_chunks: int, variant: str, packed: bool, rows: int, kdim: int, vdim: int,
+           tuning: Tuning) -> int:
+    """Pieces each row's sequential GPU kernels split into: with packed documents and a
+    grid that full-width value blocks leave short of tuning.seq_programs programs (rows =
+    batch * heads), one piece per tuning.piece_chunks chunks (each piece restarts at a
+    document start, so its walk is exact from a zero state:
+    kernels.pallas.documents.piece_bounds); else 1. Each piece walks one chunk more than
+    it writes, so on a grid that is already full the split only adds work."""
+    if variant != "gpu" or not packed or tuning.piece_chunks == 0:
+        return 1
+    if rows * (vdim // _widest_block(kdim, vdim)) >= tuning.seq_programs:
+        return 1
+    return -(-num_chunks // tuning.piece_chunks)
+
+
+def _widest_block(kdim: int, vdim: int) -> int:
+    """The value columns a sequential program carries at most: its K x BV float32 state
+    slice lives in registers."""
+    return min(64 if kdim <= 128 else 32, vdim)
+
+
 def block_v(kdim: int, vdim: int, variant: str, programs: int, tuning: Tuning) -> int:
     """Value columns per GPU program. The state slice (K x BV float32) stays in registers;
     the sequential loop runs one program per (batch*head, value block), so with few heads
@@ -44,7 +68,7 @@ def block_v(kdim: int, vdim: int, variant: str, programs: int, tuning: Tuning) -
         return vdim
     if tuning.block_v is not None:
         return min(tuning.block_v, vdim)
-    bv = min(64 if kdim <= 128 else 32, vdim)
+    bv = _widest_block(kdim, vdim)
     while bv > tuning.min_block_v and programs * (vdim // bv) < tuning.seq_programs:
         bv //= 2
     return bv
@@ -62,3 +86,16 @@ def sequential_params(kdim: int, bv: int, tuning: Tuning):
     warps = tuning.seq_warps or (4 if kdim * bv <= 8192 else 8)
     return common.compiler_params("gpu", num_warps=warps,
                                   num_stages=fitting_stages(kdim, tuning))
+
+
+def configure(chunk: int, variant: str, out_dtype, kdim: int, vdim: int, b: int, h: int,
+              num_chunks: int, docs, tuning: Tuning):
+    """(Config, piece bounds or None) of one recurrence call; docs: None or the packed
+    documents' (runs, prev_run) of documents.chunk_runs."""
+    count = pieces(num_chunks, variant, docs is not None, b * h, kdim, vdim, tuning)
+    cfg = Config(chunk=chunk, variant=variant, out_dtype=jnp.dtype(out_dtype).name,
+                 block_v=block_v(kdim, vdim, variant, b * h * count, tuning),
+                 tuning=tuning, pieces=count)
+    bounds = (None if count == 1
+              else documents.piece_bounds(docs[0], chunk, count, tuning.piece_chunks))
+    return cfg, bounds

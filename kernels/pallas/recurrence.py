@@ -36,8 +36,8 @@ from kernels.pallas import bwd_gpu, fwd_gpu, tpu
 from kernels.pallas.plan import Config
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(9,))
-def chunk_recurrence(w, ut, q, k, p, gcl, gam, gkey, s0, cfg: Config):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(10,))
+def chunk_recurrence(w, ut, q, k, p, gcl, gam, gkey, s0, bounds, cfg: Config):
     """(O (B, Tp, H, V) in cfg.out_dtype, final state (BH, K, V) float32).
 
     w: (BH, Tp, K) or None; ut: (BH, Tp, V); q, k: (B, Tp, H, K), the op's (padded)
@@ -47,26 +47,31 @@ def chunk_recurrence(w, ut, q, k, p, gcl, gam, gkey, s0, cfg: Config):
     be 0); gkey: None (the key weights are G_C - G) or (B, Tp, H) float32, the log key
     weights (packed documents: -inf where a token's document ends inside the chunk, as
     gam is -inf where it starts there, and gcl where one does); s0: (BH, K, V) float32.
-    w, ut, q, k, p share one dtype. BH = B * H, batch-major.
+    w, ut, q, k, p share one dtype. BH = B * H, batch-major. bounds: None, or with
+    cfg.pieces > 1 (GPU, packed documents) the (B, Q) int32 piece bounds of
+    kernels.pallas.documents.piece_bounds, which split each row's sequential walk.
     """
     if gkey is not None and gam is None:
         raise ValueError("chunk_recurrence: gkey needs gam (the masked G)")
     if cfg.variant == "gpu":
-        return tuple(fwd_gpu.forward(w, ut, q, k, p, gcl, gam, gkey, s0, cfg))
+        return tuple(fwd_gpu.forward(w, ut, q, k, p, gcl, gam, gkey, s0, bounds, cfg))
     o, st = tpu.forward(w, ut, q, k, p, gcl, gam, gkey, s0, cfg, save=False)
     return o, st
 
 
-def forward_with_residuals(w, ut, q, k, p, gcl, gam, gkey, s0, cfg: Config):
-    """((O, final state), residuals) for backward: (w, ut, q, k, p, gcl, gam, gkey, h, u),
+def forward_with_residuals(w, ut, q, k, p, gcl, gam, gkey, s0, bounds, cfg: Config):
+    """((O, final state), residuals) for backward:
+    (w, ut, q, k, p, gcl, gam, gkey, h, u, bounds),
     with h the chunk-start states and u = U where the forward wrote it (the GPU forward of
     the gated delta rule; ut, no longer needed, is then None)."""
     if cfg.variant == "gpu":
-        o, st, h, u = fwd_gpu.forward_saving(w, ut, q, k, p, gcl, gam, gkey, s0, cfg)
+        o, st, h, u = fwd_gpu.forward_saving(w, ut, q, k, p, gcl, gam, gkey, s0, bounds,
+                                             cfg)
     else:
         o, st, h = tpu.forward(w, ut, q, k, p, gcl, gam, gkey, s0, cfg, save=True)
         u = None
-    return (o, st), (w, None if u is not None else ut, q, k, p, gcl, gam, gkey, h, u)
+    return (o, st), (w, None if u is not None else ut, q, k, p, gcl, gam, gkey, h, u,
+                     bounds)
 
 
 def backward(cfg: Config, res, cts):
@@ -74,21 +79,22 @@ def backward(cfg: Config, res, cts):
     forward_with_residuals' residuals and the cotangents (dO, d final state); dq, dk in
     the input dtype (B, Tp, H, K) with the decay chain applied, the rest float32 or the
     input dtype."""
-    w, ut, q, k, p, gcl, gam, gkey, h, u = res
+    w, ut, q, k, p, gcl, gam, gkey, h, u, bounds = res
     do, dst = cts
     dst = dst.astype(jnp.float32)
     if cfg.variant == "gpu":
-        return bwd_gpu.backward(w, ut, q, k, p, gcl, gam, gkey, h, do, dst, cfg, u=u)
+        return bwd_gpu.backward(w, ut, q, k, p, gcl, gam, gkey, h, do, dst, bounds, cfg,
+                                u=u)
     return tpu.backward(w, ut, q, k, p, gcl, gam, gkey, h, do, dst, cfg)
 
 
 def _vjp_bwd(cfg, res, cts):
-    w, _, q, k, p, _, _, _, _, _ = res
+    w, _, q, k, p, _, _, _, _, _, _ = res
     dw, dut, dq, dk, dp, dgcl, dgam, dgkey, ds0 = backward(cfg, res, cts)
     cast = lambda g, like: None if like is None else g.astype(like.dtype)  # noqa: E731
     # dut in the inputs' dtype (ut may be None here: the forward saved U instead)
     return (cast(dw, w), cast(dut, p), cast(dq, q), cast(dk, k), cast(dp, p), dgcl, dgam,
-            dgkey, ds0)
+            dgkey, ds0, None)
 
 
 chunk_recurrence.defvjp(forward_with_residuals, _vjp_bwd)

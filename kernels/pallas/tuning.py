@@ -34,6 +34,11 @@ class Tuning:
     min_block_v: int = 16
     # Value columns per sequential program, forced (None: chosen from the two above).
     block_v: int | None = None
+    # Packed documents on a grid short of seq_programs: the sequential kernels split
+    # each row into pieces of this many chunks, each piece's walk starting at a document
+    # start (documents.piece_bounds), so a long row of short documents runs as many
+    # short loops, not one long one. 0: no split.
+    piece_chunks: int = 16
     # Warps of the split forward's chunk-parallel output kernel.
     output_warps: int = 4
     # Warps of the backward's chunk-parallel gradient kernel.
@@ -54,7 +59,7 @@ class Tuning:
         counts = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
                   if f.name not in ("solve_precision", "block_v")}
         for name, value in counts.items():
-            least = 0 if name == "seq_warps" else 1
+            least = 0 if name in ("seq_warps", "piece_chunks") else 1
             if not isinstance(value, int) or value < least:
                 raise ValueError(f"Tuning.{name} must be an integer >= {least}, "
                                  f"got {value!r}")
