@@ -14,6 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from kernels import context_parallel
 from models.config import ModelConfig
 
 
@@ -173,26 +174,32 @@ class ShortConv(nnx.Module):
         return jnp.zeros((batch, self.size - 1, channels), dtype)
 
     def __call__(self, x, *, segment_ids=None, state=None):
-        """x (B, T, C) -> (y (B, T, C), new state (B, c-1, C))."""
-        b, t, ch = x.shape
-        c = self.size
+        """x (B, T, C) -> (y (B, T, C), new state (B, c-1, C)). Split along time when a
+        `sequence` mesh is active (kernels.context_parallel.short_conv: each device gets
+        the previous one's last c-1 inputs)."""
+        b, _, ch = x.shape
         if state is None:
-            state = jnp.zeros((b, c - 1, ch), x.dtype)
-        xp = jnp.concatenate([state.astype(x.dtype), x], axis=1)  # (B, T+c-1, C)
-        w = self.kernel[...].astype(x.dtype)
-        y = jnp.zeros_like(x)
+            state = jnp.zeros((b, self.size - 1, ch), x.dtype)
+        return context_parallel.short_conv(self._taps, x, segment_ids, state)
+
+    def _taps(self, xp, segp):
+        """The conv of xp's last T positions, xp (B, c-1+T, C) holding the c-1 inputs
+        before them first; segp (B, c-1+T) their segment ids (-1 for a state) or None."""
+        c = self.size
+        t = xp.shape[1] - (c - 1)
+        w = self.kernel[...].astype(xp.dtype)
+        y = jnp.zeros((xp.shape[0], t, xp.shape[2]), xp.dtype)
         for i in range(c):
             back = c - 1 - i  # this tap reads x_{t - back}
             tap = xp[:, i:i + t]
-            if segment_ids is not None and back > 0:
-                prev = jnp.pad(segment_ids, ((0, 0), (back, 0)), constant_values=-1)[:, :t]
-                tap = jnp.where((prev == segment_ids)[..., None], tap, 0)
+            if segp is not None and back > 0:
+                tap = jnp.where((segp[:, i:i + t] == segp[:, c - 1:])[..., None], tap, 0)
             y = y + tap * w[i]
         if self.bias is not None:
-            y = y + self.bias[...].astype(x.dtype)
+            y = y + self.bias[...].astype(xp.dtype)
         if self.activation:
             y = jax.nn.silu(y)
-        return y, xp[:, xp.shape[1] - (c - 1):]
+        return y
 
 
 # --- MLP ------------------------------------------------------------------------------
