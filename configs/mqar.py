@@ -14,10 +14,8 @@ from configs import base
 
 def get_config():
     c = base.get_config()
-    # Unrolled: at 2 layers a scan saves no compile time, and on the CPU its loop costs
-    # gated_deltanet's step 32% more work (218 against 165 CPU ms, scripts/cpu_step_work.py).
     c.model.update(dict(d_model=64, num_layers=2, num_heads=2, mixer="softmax", mlp=False,
-                        dropout=0.0, scan_layers=False))
+                        dropout=0.0))
     c.data.source = "mqar"
     c.data.seq_len = 64
     c.data.vocab_size = 512

@@ -93,9 +93,11 @@ class ModelConfig:
     # Stack the parameters of the repeating group of layers (all layers alike: one
     # layer; a 7+1 hybrid: the 8 layers) with a leading "layers" axis and run the
     # groups under one lax.scan, so compile time does not grow with depth. Depths with
-    # no repeating group shorter than the model stay unrolled. Runtime: the checkpoint
+    # no repeating group shorter than the model stay unrolled. Off by default: under
+    # the scan a step runs slower on the GPU and the CPU alike (docs/benchmarks.md), so
+    # it pays only where compile time outweighs the run. Runtime: the checkpoint
     # loader converts between the layouts (models.layer_stack).
-    scan_layers: bool = _runtime(True)
+    scan_layers: bool = _runtime(False)
     tie_embeddings: bool = False
     # Block options that imported checkpoints need (models.hf: Llama, Mistral, Qwen2,
     # GPT-2); the defaults are this repository's own blocks. norm: the blocks' and the
