@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from kernels.common import PRECISION
 
 SOFTMAX_IMPLS = ("auto", "xla", "cudnn")
-WINDOW_IMPLS = ("auto", "blocked", "masked")
+WINDOW_IMPLS = ("auto", "cudnn", "blocked", "masked")
 
 
 def _check_qkv(q, k, v, name):
@@ -87,16 +87,20 @@ def softmax_attention(q, k, v, *, segment_ids=None, causal=True, scale=None, win
     if impl == "auto":
         # cuDNN's flash kernel takes the segment mask as an additive bias (B, 1, T, S): the
         # same flops as causal attention, but no (B, H, T, S) scores kept for the backward.
-        use_cudnn = (jax.default_backend() == "gpu"
-                     and q.dtype in (jnp.bfloat16, jnp.float16) and q.shape[-1] % 8 == 0
-                     and q.shape[-1] <= 128)
-        if use_cudnn:
+        if _cudnn_applies(q):
             try:
                 return jax.nn.dot_product_attention(q, k, v, implementation="cudnn", **kwargs)
             except Exception:  # unsupported shape/version: the XLA path is always exact
                 pass
         impl = "xla"
     return jax.nn.dot_product_attention(q, k, v, implementation=impl, **kwargs)
+
+
+def _cudnn_applies(q) -> bool:
+    """cuDNN's flash attention takes these inputs: a GPU, bf16/fp16, head dim a multiple
+    of 8 up to 128."""
+    return (jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16)
+            and q.shape[-1] % 8 == 0 and q.shape[-1] <= 128)
 
 
 def _masked_softmax(scores, mask):
@@ -194,8 +198,10 @@ def _sliding_window_blocked(q, k, v, window, segment_ids, scale):
 def sliding_window_attention(q, k, v, *, window, segment_ids=None, scale=None, impl="auto"):
     """Causal softmax attention over the last `window` tokens: t sees t - window < s <= t.
 
-    impl: "blocked" (banded, never builds T x T), "masked" (reference), "auto" (blocked when
-    the sequence is longer than two windows).
+    impl: "cudnn" (GPU, bf16/fp16, head dim a multiple of 8 up to 128: cuDNN's flash
+    kernel with its local window, segments as a mask), "blocked" (banded, never builds
+    T x T), "masked" (reference), "auto" (cudnn where it applies, else blocked when the
+    sequence is longer than two windows, else masked).
     """
     _check_qkv(q, k, v, "sliding_window_attention")
     if q.shape[1] != k.shape[1]:
@@ -211,6 +217,13 @@ def sliding_window_attention(q, k, v, *, window, segment_ids=None, scale=None, i
         raise ValueError(f"sliding_window_attention: segment_ids shape "
                          f"{jnp.shape(segment_ids)} must be (batch, time) = {q.shape[:2]}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+    if impl == "cudnn" or (impl == "auto" and _cudnn_applies(q)):
+        try:
+            return softmax_attention(q, k, v, segment_ids=segment_ids, causal=True,
+                                     scale=scale, window=int(window), impl="cudnn")
+        except Exception:  # unsupported shape/version under auto: the banded form is exact
+            if impl == "cudnn":
+                raise
     if impl == "auto":
         impl = "blocked" if q.shape[1] > 2 * window else "masked"
     fn = _sliding_window_blocked if impl == "blocked" else _sliding_window_masked
