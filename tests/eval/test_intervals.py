@@ -1,0 +1,81 @@
+"""eval.intervals against hand-computed t-intervals and a printed t-table."""
+import math
+
+import pytest
+
+from eval import intervals
+from eval.intervals import Interval
+
+
+# t(0.975, df) as printed t-tables give it (3 decimals), e.g. any statistics textbook's.
+PRINTED = {1: 12.706, 2: 4.303, 3: 3.182, 4: 2.776, 5: 2.571, 9: 2.262, 10: 2.228,
+           20: 2.086, 30: 2.042, 40: 2.021, 60: 2.000, 120: 1.980, 10 ** 6: 1.960}
+
+
+@pytest.mark.parametrize("df,want", sorted(PRINTED.items()))
+def test_t_quantiles_match_a_printed_table(df, want):
+    assert intervals.t975(df) == pytest.approx(want, abs=5e-4)
+
+
+def test_t_quantiles_against_scipy_where_installed():
+    stats = pytest.importorskip("scipy.stats")  # not a dependency: a cross-check only
+    for df in list(range(1, 61)) + [75, 100, 250, 1000]:
+        assert intervals.t975(df) == pytest.approx(stats.t.ppf(0.975, df), abs=2e-6), df
+
+
+def test_t_quantiles_fall_towards_the_normal_one():
+    qs = [intervals.t975(df) for df in range(1, 200)]
+    assert all(a > b for a, b in zip(qs, qs[1:]))
+    assert qs[-1] > intervals.Z975
+    with pytest.raises(ValueError, match="df=0"):
+        intervals.t975(0)
+
+
+def test_three_seeds_by_hand():
+    # 0.8, 0.9, 1.0: mean 0.9, s = 0.1, se = 0.1 / sqrt(3) = 0.0577350,
+    # half = 4.302653 * 0.0577350 = 0.2484138
+    iv = intervals.mean_interval([0.8, 0.9, 1.0])
+    assert iv.n == 3 and iv.mean == pytest.approx(0.9, abs=1e-15)
+    assert iv.half == pytest.approx(0.2484138, abs=1e-7)
+    assert (iv.lo, iv.hi) == pytest.approx((0.6515862, 1.1484138), abs=1e-7)
+
+
+def test_four_values_by_hand_and_nan_left_out():
+    # 1, 2, 3, 4: mean 2.5, s^2 = (2.25 + 0.25 + 0.25 + 2.25) / 3 = 5/3, se = 0.6454972,
+    # half = 3.182446 * 0.6454972 = 2.0542601; the NaN (a diverged seed) is not counted
+    iv = intervals.mean_interval([1, 2, float("nan"), 3, 4, None])
+    assert iv.n == 4 and iv.mean == 2.5
+    assert iv.half == pytest.approx(2.0542601, abs=1e-7)
+
+
+def test_one_value_has_no_interval_and_none_is_nan():
+    one = intervals.mean_interval([0.7])
+    assert one.n == 1 and one.mean == 0.7 and math.isnan(one.half) and not one.decided
+    none = intervals.mean_interval([float("nan")])
+    assert none.n == 0 and math.isnan(none.mean)
+    same = intervals.mean_interval([0.5, 0.5, 0.5])
+    assert same.half == 0.0 and same.decided
+    assert intervals.fmt(one) == "0.700 (n 1, no interval)"
+    assert intervals.fmt(intervals.mean_interval([0.8, 0.9, 1.0])) == "0.900 ± 0.248 (n 3)"
+
+
+def test_ties_are_overlapping_intervals():
+    a = Interval(0.90, 0.05, 3)    # [0.85, 0.95]
+    b = Interval(0.82, 0.04, 3)    # [0.78, 0.86]: overlaps a
+    c = Interval(0.70, 0.05, 3)    # [0.65, 0.75]: below a and b
+    d = Interval(0.80, 0.05, 3)    # [0.75, 0.85]: touches a at 0.85 and c at 0.75
+    assert intervals.compare(a, b) == "tie" and intervals.compare(b, a) == "tie"
+    assert intervals.compare(a, c) == "better" and intervals.compare(c, a) == "worse"
+    assert intervals.compare(a, d) == "tie" and intervals.compare(d, c) == "tie"
+    # lower is better (a loss): the lower interval wins
+    assert intervals.compare(c, a, higher_is_better=False) == "better"
+    assert intervals.compare(Interval(0.9, math.nan, 1), c) == "undecided"
+
+
+def test_marks_of_a_column():
+    pts = [Interval(0.82, 0.04, 3), Interval(0.90, 0.05, 3), Interval(0.70, 0.05, 3),
+           Interval(0.99, math.nan, 1), Interval(math.nan, math.nan, 0)]
+    # the single-seed 0.99 has the best mean: nothing is decided against it
+    assert intervals.marks(pts) == ["?", "?", "?", "best", ""]
+    assert intervals.marks(pts[:3]) == ["tie", "best", ""]
+    assert intervals.marks(pts[:3], higher_is_better=False) == ["", "", "best"]
