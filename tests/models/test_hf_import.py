@@ -116,7 +116,7 @@ def test_linear_model_exports_in_our_format_and_reads_back(tmp_path):
     options) goes out scanned as safetensors + our config and comes back unrolled with
     the same parameters and logits."""
     cfg = ModelConfig(vocab_size=40, d_model=32, num_layers=2, num_heads=2, d_ff=64,
-                      mixer="hedgehog", feature_rope=True, qkv_bias=True)
+                      mixer="hedgehog", feature_rope=True, qkv_bias=True, scan_layers=True)
     params = _random_params(LanguageModel(cfg, rngs=nnx.Rngs(0)))
     model = hf.build(cfg, params)
     assert model.scan is not None  # stacked layout on the way out
