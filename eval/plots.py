@@ -57,12 +57,17 @@ def loss_curves(curves: dict[str, Sequence[tuple[int, float]]], path: str,
 
 
 def recall_vs_state(points: Sequence[dict], path: str, metric_label: str = "MQAR accuracy",
-                    references: Sequence[dict] = ()) -> str:
+                    references: Sequence[dict] = (), bytes_per_number: int = 4) -> str:
     """Zoology's recall-memory figure: accuracy against decode state size (log x), by mixer.
 
-    `points`: dicts with `setting`, `mixer`, `state_size`, `value`; one panel per setting.
-    `references`: published points to compare with (dicts with `mixer`, `state_size`,
-    `value`, optional `source`), drawn as hollow stars in the mixer's colour on every panel.
+    `points`: dicts with `setting`, `mixer`, `state_size` (numbers per sequence), `value`
+    and optionally `half` (the half-width of its 95% interval over seeds, drawn as an
+    error bar; NaN or absent: none); one panel per setting. The bottom axis counts
+    numbers, the top one Zoology's bytes (numbers x `bytes_per_number`, zoology/model.py).
+    `references`: published points (dicts with `mixer`, `state_size` in numbers, `value`,
+    optional `source`, `label` (the legend's name, else the mixer's) and `setting` (the
+    panel they belong to; absent: every panel)), drawn as hollow stars in the mixer's
+    colour.
     """
     by_setting = defaultdict(list)
     for p in points:
@@ -72,23 +77,34 @@ def recall_vs_state(points: Sequence[dict], path: str, metric_label: str = "MQAR
     colors = {m: plt.cm.tab10(i % 10) for i, m in enumerate(mixers)}
     # wide enough for the legend beside the last panel, where it hides no point
     fig, axes = plt.subplots(1, max(len(settings), 1),
-                             figsize=(4.2 * max(len(settings), 1) + 2.2, 3.8),
+                             figsize=(4.2 * max(len(settings), 1) + 2.2, 4.1),
                              squeeze=False)
     for ax, setting in zip(axes[0], settings):
         for m in mixers:
-            pts = sorted((p["state_size"], p["value"]) for p in by_setting[setting]
-                         if p["mixer"] == m and p["state_size"])
+            pts = sorted((p["state_size"], p["value"], p.get("half", math.nan))
+                         for p in by_setting[setting] if p["mixer"] == m and p["state_size"])
             if pts:
-                xs, ys = zip(*pts)
-                ax.plot(xs, ys, marker="o", color=colors[m], label=m)
+                xs, ys, hs = zip(*pts)
+                if any(math.isfinite(h) for h in hs):
+                    err = [h if math.isfinite(h) else 0.0 for h in hs]
+                    ax.errorbar(xs, ys, yerr=err, marker="o", color=colors[m], label=m,
+                                capsize=3)
+                else:
+                    ax.plot(xs, ys, marker="o", color=colors[m], label=m)
         for r in references:
+            if r.get("setting") not in (None, setting):
+                continue
             ax.plot([r["state_size"]], [r["value"]], linestyle="none", marker="*",
                     markersize=11, markerfacecolor="none", color=colors[r["mixer"]],
-                    label=f"{r['mixer']} ({r.get('source', 'reference')})")
+                    label=f"{r.get('label', r['mixer'])} ({r.get('source', 'reference')})")
         ax.set_xscale("log")
-        ax.set_ylim(-0.02, 1.02)
+        ax.set_ylim(-0.02, 1.05)
         ax.set_title(setting, fontsize=9)
         ax.set_xlabel("decode state size (numbers per sequence)")
+        top = ax.secondary_xaxis("top", functions=(lambda x: x * bytes_per_number,
+                                                   lambda x: x / bytes_per_number))
+        top.set_xlabel(f"state size (bytes, {bytes_per_number} per number: Zoology's axis)",
+                       fontsize=8)
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel(metric_label)
     axes[0][-1].legend(fontsize=7, loc="center left", bbox_to_anchor=(1.02, 0.5))

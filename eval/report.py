@@ -4,13 +4,22 @@ Markdown.
 A sweep record (one line of results.jsonl) holds at least `task, setting, mixer, size,
 lr, seed, metrics` plus the model's `d_model, layers, state_size, params`. As Zoology
 does, a table shows for each (task, setting, mixer, size) the learning rate whose mean
-over seeds is best, and that mean.
+over seeds is best, and that mean, with its 95% t-interval over the seeds
+(eval.intervals). Within one setting and width, the best mixer is marked [best] and every
+mixer whose interval overlaps the best's [tie]: the table does not rank those; [?] marks
+a comparison with fewer than 2 seeds on a side, which nothing decides.
+
+The number a task is judged by is PRIMARY's, or the sweep config's `metric` (the Based-era
+MQAR recipe judges by `settings_mean`, the mean accuracy over its test settings, as
+Zoology's valid/accuracy is; sweeps.tasks measures it).
 """
 from __future__ import annotations
 
 import math
 from collections import defaultdict
 from typing import Any, Iterable, Sequence
+
+from eval import intervals
 
 # The number each task is judged by, and whether larger is better. Language models by
 # their best validation loss during training (nanoGPT's figure): with early stopping the
@@ -25,10 +34,21 @@ PRIMARY = {
 FALLBACK = {"best_val_loss": "val_loss"}
 
 
-def primary(task: str) -> tuple[str, bool]:
+# Zoology's x-axis: state in bytes, 4 per number (zoology/model.py, state_size * 4).
+BYTES_PER_NUMBER = 4
+LEGEND = ("Cells: mean over seeds at the best lr ± the half-width of its 95% t-interval "
+          "(n seeds). [best]: the best mean of its setting and width; [tie]: its interval "
+          "overlaps the best's, so the two are not ranked; [?]: one side has fewer than 2 "
+          "seeds, so nothing is decided.")
+
+
+def primary(task: str, metric: str | None = None) -> tuple[str, bool]:
+    """(metric name, higher is better) a task is judged by; `metric` (a sweep config's)
+    replaces the task's own, keeping its direction."""
     if task not in PRIMARY:
         raise ValueError(f"task {task!r} has no primary metric; known: {sorted(PRIMARY)}")
-    return PRIMARY[task]
+    name, higher = PRIMARY[task]
+    return (metric or name), higher
 
 
 def metric_value(record: dict, name: str):
@@ -41,10 +61,12 @@ def metric_value(record: dict, name: str):
     return value
 
 
-def best_lr(records: Iterable[dict]) -> dict[tuple, dict]:
-    """For each (task, setting, mixer, size): the lr with the best mean primary metric.
+def best_lr(records: Iterable[dict], metric: str | None = None) -> dict[tuple, dict]:
+    """For each (task, setting, mixer, size): the lr with the best mean primary metric
+    (`metric` if given).
 
-    Returns {key: {"lr", "value" (mean over seeds), "seeds", "records" (those of that lr)}}.
+    Returns {key: {"lr", "value" (mean over seeds), "seeds", "records" (those of that lr),
+    "interval" (eval.intervals.Interval of that lr's seeds), "by_lr" ({lr: Interval})}}.
     Records whose metric is missing or NaN (a diverged run) never win; a group where
     every lr diverged keeps value NaN.
     """
@@ -56,12 +78,14 @@ def best_lr(records: Iterable[dict]) -> dict[tuple, dict]:
         by_group[key][float(r["lr"])].append(r)
     out = {}
     for key, by_lr in by_group.items():
-        name, higher = primary(key[0])
+        name, higher = primary(key[0], metric)
         best = None
+        ivs = {}
         for lr in sorted(by_lr):
             vals = [metric_value(r, name) for r in by_lr[lr]]
             vals = [float(v) for v in vals if v is not None]
             mean = sum(vals) / len(vals) if vals else math.nan
+            ivs[lr] = intervals.mean_interval(vals)
             if math.isnan(mean):
                 continue
             if best is None or (mean > best["value"] if higher else mean < best["value"]):
@@ -70,8 +94,37 @@ def best_lr(records: Iterable[dict]) -> dict[tuple, dict]:
             lr = sorted(by_lr)[0]
             best = {"lr": lr, "value": math.nan, "seeds": len(by_lr[lr]),
                     "records": by_lr[lr]}
+        best["interval"] = ivs[best["lr"]]
+        best["by_lr"] = ivs
         out[key] = best
     return out
+
+
+def column_marks(best: dict, task: str) -> dict[tuple, str]:
+    """{key: "best" | "tie" | "?" | ""} of each point against the best mixer of its
+    (setting, size): eval.intervals.marks within every such group."""
+    groups: dict[tuple, list] = defaultdict(list)
+    for key in best:
+        if key[0] == task:
+            groups[(key[1], key[3])].append(key)
+    higher = PRIMARY[task][1]
+    out = {}
+    for keys in groups.values():
+        for key, mark in zip(keys, intervals.marks([best[k]["interval"] for k in keys],
+                                                   higher)):
+            out[key] = mark
+    return out
+
+
+def _cell(b: dict, mark: str = "") -> str:
+    """"0.912 (lr 0.001) ± 0.031 (n 3) [best]": the best lr's mean, then its interval."""
+    iv = b["interval"]
+    text = f"{_fmt(b['value'])} (lr {b['lr']:g})"
+    if iv.decided:
+        text += f" ± {iv.half:.3f} (n {iv.n})"
+    elif iv.n:
+        text += f" (n {iv.n}, no interval)"
+    return text + (f" [{mark}]" if mark else "")
 
 
 def _fmt(x: Any, digits: int = 3) -> str:
@@ -112,36 +165,73 @@ def lm_table(records: list[dict], best: dict) -> str:
         m = lambda k: _mean([r["metrics"].get(k) for r in b["records"]])  # noqa: E731
         best_loss = _mean([metric_value(r, "best_val_loss") for r in b["records"]])
         rows.append([mixer, size, r0.get("layers"), r0.get("params"), r0.get("state_size"),
-                     b["lr"], best_loss, m("val_loss"), m("perplexity"),
-                     m("bits_per_byte"),
+                     b["lr"], best_loss, _half(b["interval"]), m("val_loss"),
+                     m("perplexity"), m("bits_per_byte"),
                      _mean([r.get("tokens_per_s") for r in b["records"]]),
                      _mean([r.get("wall_s") for r in b["records"]])])
     rows.sort(key=lambda r: (r[6] if r[6] is not None else math.inf))
     return md_table(["mixer", "size", "layers", "params", "state_size", "best lr",
-                     "best val loss", "val loss at stop", "perplexity at stop",
-                     "bits/byte at stop", "train tokens/s", "wall s"], rows)
+                     "best val loss", "± 95% (n seeds)", "val loss at stop",
+                     "perplexity at stop", "bits/byte at stop", "train tokens/s", "wall s"],
+                    rows)
+
+
+def _half(iv: intervals.Interval) -> str:
+    """"± 0.031 (n 3)", or "n 1, no interval"."""
+    if iv.decided:
+        return f"± {iv.half:.3f} (n {iv.n})"
+    return f"n {iv.n}, no interval" if iv.n else "-"
 
 
 def recall_table(records: list[dict], best: dict, task: str,
                  settings_order: Sequence[str]) -> str:
-    """Rows (mixer, size), one column per setting: the primary metric at the best lr."""
+    """Rows (mixer, size), one column per setting: the primary metric at the best lr with
+    its 95% interval over seeds, marked against the best mixer of that setting and width
+    (column_marks). The decode state in numbers per sequence and in Zoology's bytes."""
     cells: dict[tuple, dict] = defaultdict(dict)
     info: dict[tuple, dict] = {}
-    for (t, setting, mixer, size), b in best.items():
+    marks = column_marks(best, task)
+    for key, b in best.items():
+        t, setting, mixer, size = key
         if t != task:
             continue
-        cells[(mixer, size)][setting] = (b["value"], b["lr"])
+        cells[(mixer, size)][setting] = _cell(b, marks.get(key, ""))
         info[(mixer, size)] = b["records"][0]
     settings = _ordered([s for c in cells.values() for s in c], settings_order)
     rows = []
     for (mixer, size), by_setting in sorted(cells.items()):
         r0 = info[(mixer, size)]
-        row = [mixer, size, r0.get("state_size")]
-        for s in settings:
-            v = by_setting.get(s)
-            row.append("-" if v is None else f"{_fmt(v[0])} (lr {v[1]:g})")
+        state = r0.get("state_size")
+        row = [mixer, size, state, None if state is None else BYTES_PER_NUMBER * state]
+        row += [by_setting.get(s, "-") for s in settings]
         rows.append(row)
-    return md_table(["mixer", "size", "state_size"] + settings, rows)
+    return md_table(["mixer", "size", "state (numbers)", "state (bytes, Zoology)"]
+                    + settings, rows)
+
+
+def settings_table(best: dict, task: str = "mqar") -> str:
+    """Per (mixer, size, training setting) at its best lr: the mean accuracy over seeds at
+    each test setting (metrics["settings"], sweeps.tasks) and their mean (Zoology's
+    seven-setting figure when the Based-era recipe's seven are measured) with its 95%
+    interval over seeds; "" when no record has test settings."""
+    rows, names = [], []
+    for (t, setting, mixer, size), b in sorted(best.items()):
+        if t != task:
+            continue
+        per = [r["metrics"].get("settings") or {} for r in b["records"]]
+        if not any(per):
+            continue
+        for p in per:
+            names += [n for n in p if n not in names]
+        means = {n: _mean([p.get(n) for p in per]) for n in names}
+        iv = intervals.mean_interval(r["metrics"].get("settings_mean") for r in b["records"])
+        rows.append((mixer, size, setting, b["lr"], means, iv))
+    if not rows:
+        return ""
+    header = ["mixer", "size", "trained on", "lr"] + names + [
+        f"mean of {len(names)} ± 95% (n seeds)"]
+    return md_table(header, [[m, sz, st, lr] + [means.get(n) for n in names]
+                             + [intervals.fmt(iv)] for m, sz, st, lr, means, iv in rows])
 
 
 def _at_length(grid: dict, length: int | None):
@@ -163,13 +253,17 @@ def niah_summary_table(best: dict) -> str:
         train_len = m0.get("grid", {}).get("train_length")
         at = lambda key: _mean(  # noqa: E731
             [_at_length(r["metrics"].get(key, {}), train_len) for r in recs])
+        half = lambda key: _half(intervals.mean_interval(  # noqa: E731
+            _at_length(r["metrics"].get(key, {}), train_len) for r in recs))
         rows.append([mixer, size, setting, recs[0].get("state_size"), b["lr"], train_len,
                      at("grid"), at("grid_multikey"),
                      _mean([r["metrics"].get("exact") for r in recs]),
-                     _mean([r["metrics"].get("exact_multikey") for r in recs])])
+                     _mean([r["metrics"].get("exact_multikey") for r in recs]),
+                     half("grid"), half("grid_multikey"), _half(b["interval"])])
     return md_table(["mixer", "size", "setting", "state_size", "lr", "train length",
                      "passkey @train length", "multi-key @train length", "passkey (grid)",
-                     "multi-key (grid)"], rows)
+                     "multi-key (grid)", "passkey @train ± 95%", "multi-key @train ± 95%",
+                     "passkey (grid) ± 95%"], rows)
 
 
 def niah_grid_table(record: dict) -> str:
@@ -223,21 +317,32 @@ def _mean(vals):
 
 
 def markdown(records: list[dict], *, title: str, settings_order: Sequence[str] = (),
-             plots: Sequence[str] = (), failed: Sequence[str] = ()) -> str:
-    """The whole results.md of one sweep: a table per task present, then the plots."""
-    best = best_lr(records)
+             plots: Sequence[str] = (), failed: Sequence[str] = (),
+             metric: str | None = None) -> str:
+    """The whole results.md of one sweep: a table per task present, then the plots.
+    metric: what the best lr is chosen by and the tables show (the task's PRIMARY one when
+    None)."""
+    best = best_lr(records, metric)
     tasks = _ordered([r["task"] for r in records], ["lm", "mqar", "niah", "speed"])
     n_done = sum(1 for r in records if not r.get("partial"))
     parts = [f"# {title}", "", f"{n_done} finished runs. Tables show, for each "
              "(setting, mixer, size), the learning rate with the best mean over seeds."]
+    if any(t != "speed" for t in tasks):
+        parts += ["", LEGEND]
     for task in tasks:
         parts.append("")
         if task == "lm":
             parts += ["## Language modelling (validation loss, nats/token)", "",
                       lm_table(records, best)]
         elif task == "mqar":
-            parts += ["## MQAR accuracy", "",
+            name = primary("mqar", metric)[0]
+            what = "accuracy" if name == "accuracy" else f"accuracy ({name})"
+            parts += [f"## MQAR {what}", "",
                       recall_table(records, best, "mqar", settings_order)]
+            per_setting = settings_table(best)
+            if per_setting:
+                parts += ["", "### Accuracy per test setting at the best lr (mean over "
+                          "seeds)", "", per_setting]
         elif task == "niah":
             parts += ["## Needle in a haystack (exact match of all digits)", "",
                       niah_summary_table(best), "",

@@ -45,7 +45,8 @@ def write_outputs(cfg: Mapping, runs: list[dict], workdir: str) -> list[dict]:
         written = []
     md = report.markdown(records, title=cfg.get("title", f"Comparison: {cfg['task']}"),
                          settings_order=[s["name"] for s in cfg.get("settings") or []],
-                         plots=[os.path.basename(p) for p in written], failed=failed)
+                         plots=[os.path.basename(p) for p in written], failed=failed,
+                         metric=cfg.get("metric"))
     write_atomic(os.path.join(workdir, "results.md"), md)
     return records
 
@@ -57,7 +58,7 @@ def plot(cfg: Mapping, records: list[dict], workdir: str) -> list[str]:
 
     written = []
     task = cfg["task"]
-    best = report.best_lr(records)
+    best = report.best_lr(records, cfg.get("metric"))
     if task == "lm":
         curves = {f"{k[2]} {k[3]} lr={b['lr']:g}":
                   b["records"][0]["metrics"].get("curve", []) for k, b in best.items()}
@@ -65,15 +66,18 @@ def plot(cfg: Mapping, records: list[dict], workdir: str) -> list[str]:
             written.append(plots.loss_curves(curves,
                                              os.path.join(workdir, "loss_curves.png")))
     elif task in ("mqar", "niah"):
-        metric, _ = report.primary(task)
+        metric, _ = report.primary(task, cfg.get("metric"))
+        # each point: the best lr's mean over seeds, its 95% interval as the error bar
         pts = [{"setting": k[1], "mixer": k[2],
-                "state_size": b["records"][0].get("state_size"), "value": b["value"]}
+                "state_size": b["records"][0].get("state_size"), "value": b["value"],
+                "half": b["interval"].half}
                for k, b in best.items() if not math.isnan(b["value"])]
         if pts:
             written.append(plots.recall_vs_state(
                 pts, os.path.join(workdir, "recall_vs_state.png"),
-                metric_label=f"{task.upper()} {metric}",
-                references=[dict(r) for r in cfg.get("references", [])]))
+                metric_label=f"{task.upper()} {metric} (95% interval over seeds)",
+                references=[dict(r) for r in cfg.get("references", [])],
+                bytes_per_number=report.BYTES_PER_NUMBER))
         if task == "niah":
             for k, b in best.items():
                 cells = b["records"][0]["metrics"].get("grid", {}).get("cells")

@@ -1,0 +1,128 @@
+"""The sweep report's points: the best lr by mean, its 95% t-interval over seeds, ties
+marked where intervals overlap, the seven-setting column, and the scatter's two axes."""
+import math
+
+import pytest
+
+from eval import report
+
+
+def _rec(mixer, size, lr, seed, acc, setting="T256_kv16", settings=None, state=1000):
+    m = {"accuracy": acc}
+    if settings is not None:
+        m["settings"] = settings
+        m["settings_mean"] = sum(settings.values()) / len(settings)
+    return {"task": "mqar", "setting": setting, "mixer": mixer, "size": size, "lr": lr,
+            "seed": seed, "metrics": m, "state_size": state}
+
+
+def _records():
+    recs = []
+    # a, d64: lr 1e-3 seeds 0.8, 0.9, 1.0 (mean 0.9, half 0.248414); lr 1e-2 mean 0.5
+    for seed, acc in enumerate((0.8, 0.9, 1.0)):
+        recs.append(_rec("a", "d64", 1e-3, seed, acc))
+    for seed, acc in enumerate((0.4, 0.5, 0.6)):
+        recs.append(_rec("a", "d64", 1e-2, seed, acc))
+    # b, d64: mean 0.7, s 0.01, half 4.302653 * 0.01 / sqrt(3) = 0.0248414:
+    # [0.675, 0.725] overlaps a's [0.652, 1.148]: a tie
+    for seed, acc in enumerate((0.69, 0.70, 0.71)):
+        recs.append(_rec("b", "d64", 1e-3, seed, acc))
+    # c, d64: mean 0.3 +- 0.0248: below a's interval, unmarked
+    for seed, acc in enumerate((0.29, 0.30, 0.31)):
+        recs.append(_rec("c", "d64", 1e-3, seed, acc))
+    # a, d128 alone at its width: best; b, d128 one seed: undecided
+    for seed, acc in enumerate((0.95, 0.96, 0.97)):
+        recs.append(_rec("a", "d128", 1e-3, seed, acc))
+    recs.append(_rec("b", "d128", 1e-3, 0, 0.99))
+    return recs
+
+
+def test_cells_carry_the_best_lr_mean_and_its_t_interval():
+    best = report.best_lr(_records())
+    a = best[("mqar", "T256_kv16", "a", "d64")]
+    assert a["lr"] == 1e-3 and a["value"] == pytest.approx(0.9)
+    assert a["interval"].n == 3 and a["interval"].half == pytest.approx(0.2484138, abs=1e-7)
+    assert a["by_lr"][1e-2].mean == pytest.approx(0.5)
+    md = report.markdown(_records(), title="t")
+    rows = {tuple(c.strip() for c in line.strip("|").split("|")[:2]): line
+            for line in md.splitlines() if line.startswith("| ")}
+    assert "0.900 (lr 0.001) ± 0.248 (n 3) [best]" in rows[("a", "d64")]
+    assert "0.700 (lr 0.001) ± 0.025 (n 3) [tie]" in rows[("b", "d64")]
+    assert rows[("c", "d64")].rstrip(" |").endswith("0.300 (lr 0.001) ± 0.025 (n 3)")
+    # at d128 the one-seed b has the higher mean: nothing is decided against it
+    assert "0.990 (lr 0.001) (n 1, no interval) [best]" in rows[("b", "d128")]
+    assert "0.960 (lr 0.001) ± 0.025 (n 3) [?]" in rows[("a", "d128")]
+    # state in numbers and in Zoology's bytes (x 4)
+    assert "| 1,000 | 4,000 |" in rows[("a", "d64")]
+    assert report.LEGEND in md
+
+
+def test_the_sweeps_metric_picks_the_lr_and_fills_the_seven_setting_column():
+    """Judged by settings_mean (the Based-era recipe): lr 1e-2 wins on it although its
+    validation accuracy is lower; the per-setting table shows each test setting's mean
+    and the seven-setting mean with its interval."""
+    names = [f"T{t}_kv{k}" for t, k in [(64, 4), (64, 8), (64, 16), (128, 32), (256, 64),
+                                        (512, 128), (1024, 256)]]
+    recs = []
+    for seed in range(3):
+        low = {n: 0.5 + 0.01 * seed for n in names}           # mean 0.51 +- ...
+        high = {n: 0.8 + 0.02 * seed for n in names}          # mean 0.82
+        recs.append(_rec("a", "d64", 1e-3, seed, 0.99, "mixture", low))
+        recs.append(_rec("a", "d64", 1e-2, seed, 0.90, "mixture", high))
+    assert report.best_lr(recs)[("mqar", "mixture", "a", "d64")]["lr"] == 1e-3
+    best = report.best_lr(recs, "settings_mean")[("mqar", "mixture", "a", "d64")]
+    assert best["lr"] == 1e-2 and best["value"] == pytest.approx(0.82)
+    # 0.80, 0.82, 0.84: s = 0.02, half = 4.302653 * 0.02 / sqrt(3) = 0.0496828
+    assert best["interval"].half == pytest.approx(0.0496828, abs=1e-7)
+    md = report.markdown(recs, title="t", metric="settings_mean")
+    assert "## MQAR accuracy (settings_mean)" in md
+    assert "0.820 (lr 0.01) ± 0.050 (n 3) [best]" in md
+    table = report.settings_table(report.best_lr(recs, "settings_mean"))
+    header, _, row = table.splitlines()
+    assert header.split("|")[5:-2] == [f" {n} " for n in names]
+    assert "mean of 7 ± 95% (n seeds)" in header
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[:4] == ["a", "d64", "mixture", "0.010"]
+    assert cells[4:11] == ["0.820"] * 7 and cells[11] == "0.820 ± 0.050 (n 3)"
+
+
+def test_scatter_has_numbers_and_bytes_axes_error_bars_and_panel_references(
+        monkeypatch, tmp_path):
+    import matplotlib
+
+    from eval import plots
+    figs = []
+    real_save = plots._save
+    monkeypatch.setattr(plots, "_save",
+                        lambda fig, path: figs.append(fig) or real_save(fig, path))
+    pts = [{"setting": "mixture", "mixer": "a", "state_size": 1e3, "value": 0.5,
+            "half": 0.1},
+           {"setting": "mixture", "mixer": "a", "state_size": 4e3, "value": 0.9,
+            "half": math.nan},
+           {"setting": "T256_kv16", "mixer": "a", "state_size": 1e3, "value": 0.7}]
+    refs = [{"mixer": "gated_deltanet", "state_size": 4.3e3, "value": 0.89,
+             "setting": "mixture", "source": "Zoology"},
+            {"mixer": "taylor", "label": "Based", "state_size": 2.4e3, "value": 0.67}]
+    path = plots.recall_vs_state(pts, str(tmp_path / "s.png"), references=refs)
+    assert (tmp_path / "s.png").stat().st_size > 1000 and path == str(tmp_path / "s.png")
+    (fig,) = figs
+    main = [ax for ax in fig.axes if ax.get_xlabel().startswith("decode state size")]
+    assert [ax.get_title() for ax in main] == ["mixture", "T256_kv16"]
+    for ax in main:
+        assert ax.get_xlabel() == "decode state size (numbers per sequence)"
+        (top,) = [c for c in ax.child_axes if c.get_xlabel().startswith("state size (bytes")]
+        # the top axis is the bottom one x 4
+        assert top.get_xlim() == pytest.approx(tuple(4 * x for x in ax.get_xlim()))
+        stars = {(line.get_xdata()[0], line.get_ydata()[0]): line.get_label()
+                 for line in ax.get_lines() if line.get_marker() == "*"}
+        want = {(2.4e3, 0.67): "Based (reference)"}
+        if ax.get_title() == "mixture":
+            want[(4.3e3, 0.89)] = "gated_deltanet (Zoology)"
+        assert stars == want
+    bars = [c for c in main[0].containers
+            if isinstance(c, matplotlib.container.ErrorbarContainer)]
+    (bar,) = bars
+    segs = bar.lines[2][0].get_segments()  # the vertical bars: +-0.1 at x=1e3, 0 at 4e3
+    assert [tuple(map(tuple, s)) for s in segs] == [((1e3, 0.4), (1e3, 0.6)),
+                                                    ((4e3, 0.9), (4e3, 0.9))]
+    assert not main[1].containers  # no interval on that panel: a plain line
