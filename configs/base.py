@@ -39,6 +39,9 @@ def get_config() -> ml_collections.ConfigDict:
         val_fraction=config_dict.placeholder(float),
         packing=config_dict.placeholder(str),
         sample_by=config_dict.placeholder(str),
+        # Invalid UTF-8 in a text file: "strict" (the default) stops naming the file and
+        # line; "replace" reads the bad bytes as U+FFFD.
+        encoding_errors=config_dict.placeholder(str),
         max_documents=config_dict.placeholder(int),
         cache_dir=config_dict.placeholder(str),
         data_dir=config_dict.placeholder(str),

@@ -18,6 +18,9 @@ Common
 Text (files, hf, tfds)
   files           path, glob, or list of them (source=files)
   sample_by       document | paragraph | line: one document per ...   [document]
+  encoding_errors
+                  strict: invalid UTF-8 stops, naming the file and     [strict]
+                  line; replace: bad bytes read as U+FFFD
   cache_dir       `datasets` cache directory                           [HF default]
   name            hub dataset name (hf) or TFDS name (tfds)
   subset          hub dataset configuration name (hf)                  [None]

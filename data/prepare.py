@@ -31,23 +31,31 @@ from data import tokenizers as toks
 
 
 def iter_documents(paths: Sequence[str], sample_by: str, progress=None,
-                   chunk_chars: int = 1 << 24) -> Iterator[str]:
+                   chunk_chars: int = 1 << 24, encoding_errors: str = "strict"
+                   ) -> Iterator[str]:
     """The documents of `paths`. By paragraph or line a file is read `chunk_chars`
     characters at a time, so memory holds one chunk, not the file: the text after the
     chunk's last separator is carried into the next, which splits exactly as
-    `str.split("\n\n")` / `str.splitlines()` of the whole file (data.sources' units)."""
+    `str.split("\n\n")` / `str.splitlines()` of the whole file (data.sources' units).
+    Invalid UTF-8 raises data.sources.TextDecodeError naming the file and line, unless
+    encoding_errors="replace"."""
     if sample_by not in sources.SAMPLE_BY:
         raise ValueError(f"--sample_by must be one of {sources.SAMPLE_BY}, got {sample_by!r}")
+    errors = sources.check_encoding_errors(encoding_errors)
     for path in paths:
         # Text mode with universal newlines, as pathlib.read_text (data.sources) reads.
-        with open(path, encoding="utf-8") as f:
-            if sample_by == "document":
-                docs = [f.read()]
-            else:
-                docs = _split_chunks(f, sample_by, chunk_chars)
-            for doc in docs:
-                if doc:
-                    yield doc
+        with open(path, encoding="utf-8", errors=errors) as f:
+            try:
+                if sample_by == "document":
+                    docs = [f.read()]
+                else:
+                    docs = _split_chunks(f, sample_by, chunk_chars)
+                for doc in docs:
+                    if doc:
+                        yield doc
+            except UnicodeDecodeError:
+                raise sources.TextDecodeError(sources.find_decode_error(path) or
+                                              f"text file {path} is not valid UTF-8") from None
         if progress is not None:
             progress.update(os.path.getsize(path))
 
@@ -152,7 +160,7 @@ def prepare(files, out, *, tokenizer: str = "byte", sample_by: str = "document",
             tokenizer_dir: str | None = None, max_shards: int | None = None,
             progress: bool = True, hf_name: str | None = None, hf_subset: str | None = None,
             hf_split: str = "train", text_field: str = "text",
-            max_documents: int | None = None) -> dict | None:
+            max_documents: int | None = None, encoding_errors: str = "strict") -> dict | None:
     """Writes (or finishes) the store in `out` from `files` or, with `files` None, the
     hub dataset `hf_name`; returns its manifest, or None when it stopped after
     `max_shards` new shards (what a kill leaves, for tests)."""
@@ -166,9 +174,12 @@ def prepare(files, out, *, tokenizer: str = "byte", sample_by: str = "document",
     if files is not None:
         paths = sources.resolve_files(files)
         settings.update(files=paths, sample_by=sample_by)
+        errors = sources.check_encoding_errors(encoding_errors)
+        if errors != "strict":  # recorded only when set: older stores' settings stay equal
+            settings["encoding_errors"] = errors
 
         def documents(bar=None):
-            return iter_documents(paths, sample_by, bar)
+            return iter_documents(paths, sample_by, bar, encoding_errors=errors)
         progress_total = sum(os.path.getsize(p) for p in paths)
     else:
         hf = dict(subset=hf_subset, split=hf_split, text_field=text_field,
@@ -279,6 +290,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="reuse a char_vocab.json / SentencePiece model found here")
     p.add_argument("--max_shards", type=int, default=None,
                    help="stop after this many new shards (as a kill would)")
+    p.add_argument("--encoding_errors", default="strict", choices=sources.ENCODING_ERRORS,
+                   help="invalid UTF-8: strict stops naming the file and line; replace "
+                        "reads bad bytes as U+FFFD")
     p.add_argument("--no_progress", action="store_true")
     a = p.parse_args(argv)
     files = None if not a.files else a.files[0] if len(a.files) == 1 else a.files
@@ -288,7 +302,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 tokenizer_dir=a.tokenizer_dir, max_shards=a.max_shards,
                 progress=not a.no_progress, hf_name=a.hf_name, hf_subset=a.hf_subset,
                 hf_split=a.hf_split, text_field=a.text_field,
-                max_documents=a.max_documents)
+                max_documents=a.max_documents, encoding_errors=a.encoding_errors)
     except (ValueError, OSError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -55,6 +55,79 @@ def resolve_files(files: str | Sequence[str]) -> list[str]:
     return out
 
 
+ENCODING_ERRORS = ("strict", "replace")
+
+
+class TextDecodeError(ValueError):
+    """A text file that is not valid UTF-8; the message names the file, line and byte."""
+
+
+def _decode_error_message(path: str, offset: int, bad: bytes) -> str:
+    line = 1 + _count_newlines(path, offset)
+    return (f"text file {path} line {line} (byte {offset:,}) is not valid UTF-8 (bytes "
+            f"{bad.hex(' ')}): fix or re-encode the file (e.g. iconv -f latin1 -t utf-8), "
+            f"or set data.encoding_errors=replace to read bad bytes as U+FFFD")
+
+
+def _count_newlines(path: str, end: int, chunk: int = 1 << 24) -> int:
+    n = 0
+    with open(path, "rb") as f:
+        while end > 0:
+            block = f.read(min(chunk, end))
+            if not block:
+                break
+            n += block.count(b"\n")
+            end -= len(block)
+    return n
+
+
+def find_decode_error(path: str, chunk: int = 1 << 24) -> str | None:
+    """The TextDecodeError message for the first invalid UTF-8 in `path`, or None if it
+    decodes; one streaming pass, a chunk in memory at a time."""
+    import codecs
+    decoder = codecs.getincrementaldecoder("utf-8")("strict")
+    pos = 0
+    with open(path, "rb") as f:
+        while True:
+            block = f.read(chunk)
+            try:
+                decoder.decode(block, final=not block)
+            except UnicodeDecodeError as e:
+                # e.start counts from the decoder's buffered tail plus this block.
+                buffered = len(e.object) - len(block)
+                offset = pos - buffered + e.start
+                return _decode_error_message(path, offset, e.object[e.start:e.end])
+            if not block:
+                return None
+            pos += len(block)
+
+
+def check_encoding_errors(value: str | None) -> str:
+    value = value or "strict"
+    if value not in ENCODING_ERRORS:
+        raise ValueError(f"data.encoding_errors={value!r}: use one of "
+                         f"{', '.join(ENCODING_ERRORS)}")
+    return value
+
+
+def read_text(path: str, encoding_errors: str = "strict") -> str:
+    """A file's text (universal newlines); invalid UTF-8 raises TextDecodeError naming
+    the file and line, unless encoding_errors="replace"."""
+    try:
+        return pathlib.Path(path).read_text(encoding="utf-8", errors=encoding_errors)
+    except UnicodeDecodeError:
+        raise TextDecodeError(find_decode_error(path) or f"text file {path} is not valid "
+                              "UTF-8") from None
+
+
+def _is_decode_error(e: BaseException) -> bool:
+    while e is not None:
+        if isinstance(e, UnicodeDecodeError):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
 def _split_plain(text: str, sample_by: str) -> list[str]:
     """The same units the `datasets` text builder yields, for the fallback reader."""
     if sample_by == "document":
@@ -65,20 +138,34 @@ def _split_plain(text: str, sample_by: str) -> list[str]:
 
 
 def load_files(files: str | Sequence[str], sample_by: str = "document",
-               cache_dir: str | None = None) -> list[str]:
-    """Documents from local text files (one per file, paragraph or line)."""
+               cache_dir: str | None = None, encoding_errors: str | None = None) -> list[str]:
+    """Documents from local text files (one per file, paragraph or line). A file that is
+    not valid UTF-8 raises TextDecodeError naming it and the line, unless
+    encoding_errors="replace" (data.encoding_errors): bad bytes then read as U+FFFD."""
     if sample_by not in SAMPLE_BY:
         raise ValueError(f"data.sample_by must be one of {SAMPLE_BY}, got {sample_by!r}")
+    errors = check_encoding_errors(encoding_errors)
     paths = resolve_files(files)
     try:
         import datasets
     except ImportError:  # e.g. the GPU machine: read the files directly
         docs = []
         for path in paths:
-            docs.extend(_split_plain(pathlib.Path(path).read_text(encoding="utf-8"), sample_by))
+            docs.extend(_split_plain(read_text(path, errors), sample_by))
     else:
-        ds = datasets.load_dataset("text", data_files=paths, sample_by=sample_by,
-                                   split="train", cache_dir=cache_dir)
+        try:
+            ds = datasets.load_dataset("text", data_files=paths, sample_by=sample_by,
+                                       split="train", cache_dir=cache_dir,
+                                       encoding_errors=errors)
+        except Exception as e:
+            if not _is_decode_error(e):
+                raise
+            # datasets says neither file nor line: find them (one pass over the files).
+            for path in paths:
+                message = find_decode_error(path)
+                if message:
+                    raise TextDecodeError(message) from None
+            raise
         docs = list(ds["text"])
     docs = [d for d in docs if d]
     if not docs or not any(d.strip() for d in docs):

@@ -32,7 +32,8 @@ def load_documents(cfg: Mapping, *, split: str | None = None) -> list[str]:
         if split is not None:  # a separate held-out file set
             files = split
         return sources.load_files(files, cfg_get(cfg, "sample_by", "document"),
-                                  cfg_get(cfg, "cache_dir"))
+                                  cfg_get(cfg, "cache_dir"),
+                                  cfg_get(cfg, "encoding_errors", "strict"))
     if source == "hf":
         return sources.load_hf(cfg_get(cfg, "name"), split=split or cfg_get(cfg, "split", "train"),
                                subset=cfg_get(cfg, "subset"),

@@ -241,7 +241,13 @@ class IntegerTokenizer:
         self.vocab_size = int(vocab_size)
 
     def encode(self, text: str) -> list[int]:
-        ids = [int(t) for t in text.split()]
+        try:
+            ids = [int(t) for t in text.split()]
+        except ValueError:
+            raise ValueError(
+                f"{text[:40]!r} is not a list of token ids: this run's tokens are bare "
+                f"integer ids in [0, {self.vocab_size}) (a synthetic task such as MQAR), "
+                f"so give them separated by spaces, e.g. '3 17 5'") from None
         bad = [i for i in ids if not 0 <= i < self.vocab_size]
         if bad:
             raise ValueError(f"ids {bad[:5]} are outside [0, {self.vocab_size})")

@@ -34,16 +34,17 @@ def parse_step(text: str | int | None) -> int | str | None:
     raise ValueError(f"--step={text!r}: use 'latest', 'best' or a step number")
 
 
-def load_run(workdir: str, step: int | str | None = None):
+def load_run(workdir: str, step: int | str | None = None, *, data: bool = True):
     """(model, config, dataset, step) of a trained run at `step` (parse_step's values);
-    a clear error if it is missing."""
+    a clear error if it is missing. The tokenizer is the one saved with the run;
+    data=False reads no corpus (`dataset` then has only tokenizer and vocab_size)."""
     if not os.path.isdir(workdir):
         raise FileNotFoundError(
             f"workdir {workdir!r} does not exist: pass the --workdir a train.py run wrote "
             "(python train.py --config=configs/NAME.py --workdir=DIR)")
     from training.checkpoint import load_for_eval  # downstream of training, by design
 
-    return load_for_eval(workdir, parse_step(step))
+    return load_for_eval(workdir, parse_step(step), data=data)
 
 
 def make_logits_fn(model: nnx.Module) -> Callable[..., jax.Array]:

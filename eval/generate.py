@@ -107,7 +107,8 @@ def generate(model: nnx.Module, prompt: np.ndarray, max_new_tokens: int, *,
 
 def run(workdir: str, prompt: str, max_new_tokens: int, temperature: float = 0.8,
         top_k: int = 0, seed: int = 0, step: int | str | None = None) -> dict[str, Any]:
-    model, config, dataset, step = common.load_run(workdir, step)
+    # The run's saved tokenizer: no corpus is read to sample.
+    model, config, dataset, step = common.load_run(workdir, step, data=False)
     ids = dataset.tokenizer.encode(prompt)
     if not ids:
         raise ValueError("--prompt encodes to no tokens: pass a non-empty --prompt")

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import glob as globlib
 import math
+import os
 from typing import Any, Callable, Iterable, Iterator, Mapping
 
 import numpy as np
@@ -84,22 +85,28 @@ def evaluate(stats_fn, batches: Iterable[Mapping[str, np.ndarray]],
     }
 
 
+def matching_files(pattern: str) -> list[str]:
+    paths = sorted(p for p in globlib.glob(pattern, recursive=True) if os.path.isfile(p))
+    if not paths:
+        raise FileNotFoundError(f"--files={pattern!r} matches no file: give a glob of text "
+                                "files, e.g. --files='data/*.txt'")
+    return paths
+
+
 def file_batches(pattern: str, encode: Callable[[str], list], seq_len: int,
-                 batch_size: int) -> Iterator[dict[str, np.ndarray]]:
+                 batch_size: int, encoding_errors: str = "strict"
+                 ) -> Iterator[dict[str, np.ndarray]]:
     """Non-overlapping windows of `seq_len` targets over each matching file.
 
     Each file is its own segment (id 1); the last, partial window of a file is padded
     with mask 0 and segment id 0, so every token of every file is a target once,
-    except each file's first token (nothing predicts it).
+    except each file's first token (nothing predicts it). Invalid UTF-8 stops, naming
+    the file and line, unless encoding_errors="replace" (the run's data.encoding_errors).
     """
-    paths = sorted(p for p in globlib.glob(pattern, recursive=True))
-    if not paths:
-        raise FileNotFoundError(f"--files={pattern!r} matches no file: give a glob of text "
-                                "files, e.g. --files='data/*.txt'")
+    from data import sources
     rows = []
-    for path in paths:
-        with open(path, encoding="utf-8", errors="replace") as f:
-            ids = np.asarray(encode(f.read()), np.int32)
+    for path in matching_files(pattern):
+        ids = np.asarray(encode(sources.read_text(path, encoding_errors)), np.int32)
         for start in range(0, max(len(ids) - 1, 0), seq_len):
             chunk = ids[start:start + seq_len + 1]
             n = len(chunk) - 1
@@ -121,11 +128,17 @@ def file_batches(pattern: str, encode: Callable[[str], list], seq_len: int,
 def run(workdir: str, files: str | None = None, batch_size: int = 16,
         num_batches: int = 50, progress: bool = True,
         step: int | str | None = None) -> dict[str, Any]:
-    model, config, dataset, step = common.load_run(workdir, step)
+    # --files: the run's saved tokenizer only; the training corpus is not read.
+    model, config, dataset, step = common.load_run(workdir, step, data=not files)
     stats_fn = common.token_stats_fn(common.make_logits_fn(model))
     if files:
+        from training import workdir_tokenizer
         seq_len = int(cfg_get(config, "data.seq_len"))
-        batches = file_batches(files, dataset.tokenizer.encode, seq_len, batch_size)
+        errors = cfg_get(config, "data.encoding_errors", "strict")
+        # Text the run's vocabulary cannot spell is refused, naming the file and line.
+        workdir_tokenizer.check_files_fit(dataset.tokenizer, matching_files(files),
+                                          workdir_tokenizer.path(workdir), errors)
+        batches = file_batches(files, dataset.tokenizer.encode, seq_len, batch_size, errors)
     else:
         batches = dataset.eval_batches(batch_size, num_batches)
     result = evaluate(stats_fn, batches, byte_counter(dataset.tokenizer), progress=progress)

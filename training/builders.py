@@ -8,11 +8,13 @@ from __future__ import annotations
 from training import config_tools
 
 
-def build_dataset(config):
+def build_dataset(config, tokenizer=None):
+    """The config's dataset; `tokenizer` (text sources): use it instead of building one
+    from the text (a run's saved tokenizer, for evaluation)."""
     import data
     cfg_data = (config.data.to_dict() if hasattr(config.data, "to_dict")
                 else dict(config.data))
-    return data.build(cfg_data, seed=int(config.train.seed))
+    return data.build(cfg_data, seed=int(config.train.seed), tokenizer=tokenizer)
 
 
 def build_model_config(config, dataset):

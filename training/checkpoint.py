@@ -460,21 +460,25 @@ class Checkpointer:
                 self._manager.close()
 
 
-def load_for_eval(workdir: str | os.PathLike, step: int | str | None = None):
+def load_for_eval(workdir: str | os.PathLike, step: int | str | None = None, *,
+                  data: bool = True):
     """Rebuilds a trained model from a workdir: (model, config, dataset, step).
 
-    Reads WORKDIR/config.json, builds the dataset and model as training did, and restores
-    the parameters onto one device: of `step`, of the kept best step (`step="best"`, the
-    lowest eval loss), or (None) of the newest step that passes its checks; a newer
-    damaged step is named on stderr, one line, and left where it is (an evaluation
-    changes nothing in the workdir).
+    Reads WORKDIR/config.json and the tokenizer saved with the run
+    (training.workdir_tokenizer), builds the dataset with that tokenizer and the model as
+    training did, and restores the parameters onto one device: of `step`, of the kept
+    best step (`step="best"`, the lowest eval loss), or (None) of the newest step that
+    passes its checks; a newer damaged step is named on stderr, one line, and left where
+    it is (an evaluation changes nothing in the workdir). A corpus the saved tokenizer
+    does not fit is refused (TokenizerMismatch, naming the file). data=False: no corpus
+    is read; `dataset` is then a workdir_tokenizer.Vocabulary (tokenizer, vocab_size).
     """
     from flax import nnx
 
-    from training import builders, model_state, param_layout
+    from training import builders, model_state, param_layout, workdir_tokenizer
 
     config = config_tools.load_config(workdir)
-    dataset = builders.build_dataset(config)
+    dataset = workdir_tokenizer.eval_dataset(config, workdir, data=data)
     model_cfg = builders.build_model_config(config, dataset)
     with nnx.use_eager_sharding(False):
         model = builders.model_factory(model_cfg, config.train.seed)()

@@ -221,6 +221,11 @@ def _check_data(d) -> None:
                                  for k in values):
             raise ConfigError(f"data.num_kv_pairs={kv!r}: use a positive integer or a list "
                               f"of them, e.g. 4 or [2, 4]")
+    errors = d.get("encoding_errors")
+    if errors is not None and errors not in ("strict", "replace"):
+        raise ConfigError(f"data.encoding_errors={errors!r}: use strict (stop at invalid "
+                          "UTF-8, naming the file and line) or replace (read bad bytes as "
+                          "U+FFFD)")
     rnq = d.get("random_non_queries")
     if rnq is not None and not isinstance(rnq, bool):
         raise ConfigError(f"data.random_non_queries={rnq!r}: use true or false")

@@ -29,7 +29,7 @@ import jax
 import numpy as np
 
 from training import (builders, checkpoint, config_tools, flops, metrics, model_state,
-                      param_layout, runtime, workdir_lock)
+                      param_layout, runtime, workdir_lock, workdir_tokenizer)
 from training import sharding as shd
 
 
@@ -53,7 +53,8 @@ def train(config, workdir: str) -> dict[str, Any]:
     with jax.default_prng_impl(config.train.get("prng_impl", "threefry2x32")):
         try:
             return _train(config, workdir)
-        except (checkpoint.CheckpointSaveFailed, workdir_lock.WorkdirLocked) as e:
+        except (checkpoint.CheckpointSaveFailed, workdir_lock.WorkdirLocked,
+                workdir_tokenizer.TokenizerMismatch) as e:
             # One line for train.py, which reports TrainingError; nothing is retried.
             raise TrainingError(str(e)) from e
 
@@ -85,6 +86,10 @@ def _train(config, workdir: str) -> dict[str, Any]:
         if restored:
             config_tools.check_resume(meta.get("config"), config, workdir, state.step,
                                       record=is_main)
+        # The tokenizer travels with the run (eval and generate read it); a resume on
+        # data whose tokenizer differs stops here.
+        workdir_tokenizer.check_or_save(workdir, dataset.tokenizer, resuming=restored,
+                                        cfg_data=config.data, write=is_main)
         if is_main:
             config_tools.save_config(config, workdir)
         start = state.step

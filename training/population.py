@@ -36,7 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from training import (checkpoint, config_tools, loop, metrics, model_state, optim,
-                      param_layout, runtime, workdir_lock)
+                      param_layout, runtime, workdir_lock, workdir_tokenizer)
 from training import step as step_fns
 
 POPULATION_FILE = "population.json"
@@ -92,7 +92,8 @@ def train_population(config, workdir: str, lrs: Sequence[float], seeds: Sequence
     with jax.default_prng_impl(config.train.get("prng_impl", "threefry2x32")):
         try:
             return _train_population(config, pathlib.Path(workdir), members, stop_at)
-        except (checkpoint.CheckpointSaveFailed, workdir_lock.WorkdirLocked) as e:
+        except (checkpoint.CheckpointSaveFailed, workdir_lock.WorkdirLocked,
+                workdir_tokenizer.TokenizerMismatch) as e:
             raise loop.TrainingError(str(e)) from e
 
 
@@ -279,6 +280,8 @@ def _train_population(config, workdir: pathlib.Path, members: list[Member],
         for m, model, ckpt, (st, rest, meta) in zip(members, models, ckpts, restored):
             if meta is not None:
                 config_tools.check_resume(meta.get("config"), m.config, m.workdir, st.step)
+            workdir_tokenizer.check_or_save(m.workdir, datasets[m.seed].tokenizer,
+                                            resuming=meta is not None, cfg_data=m.config.data)
             config_tools.save_config(m.config, m.workdir)
             log = opened.enter_context(contextlib.closing(metrics.MetricsFile(
                 m.workdir, resume_step=st.step if meta is not None else None)))
