@@ -56,6 +56,9 @@ MQAR (source=mqar; Zoology's layout, see data/mqar.py)
                   (mqar_vocab_size, if set, wins over vocab_size)
   num_kv_pairs    key-value pairs per example, or a list: each row
                   draws one of them                                    [4]
+                  or Zoology's mixture of settings [[seq_len, kv,
+                  weight], ...]: each row draws one (p ~ weight), padded
+                  with masked filler to seq_len, each query's mask 1/kv
   power_a         query-gap power law exponent                         [0.01]
   random_non_queries  fill with random tokens instead of 0             [False]
 

@@ -16,6 +16,17 @@ token 0 (Zoology's `random_non_queries=True` replaces it with uniform random tok
 
 Passing an `np.random.RandomState(seed)` reproduces Zoology's draws call for call;
 an `np.random.Generator` (what datasets use) gives the same distribution.
+
+Zoology's mixture of settings (the Based-era configs, zoology/experiments/paper_configs/
+arxiv24_based_figure2/configs.py: 100k examples of (64, 4) and 20k each of (128, 8),
+(256, 16), (256, 32), (256, 64)) is `num_kv_pairs=[[64, 4, 5], [128, 8, 1], ...]`: each
+row draws a setting [seq_len, kv, weight] with probability proportional to its weight,
+and an example shorter than data.seq_len is followed by masked filler (inputs, targets 0,
+mask 0), which a causal model cannot see from the example's positions. Each query's
+mask is 1/kv, so that every example weighs the same in the loss and in the eval
+accuracy whatever its kv: Zoology's loss is a mean over the queries of batches that
+each hold one setting, i.e. every example counts equally (its batches are taken in a
+fixed order, all of one setting before the next, where ours draw a setting per row).
 """
 from __future__ import annotations
 
@@ -98,6 +109,30 @@ def generate(rng_or_seed, num_examples: int, seq_len: int, num_kv_pairs: int,
             "mask": mask}
 
 
+def parse_settings(kv, seq_len: int) -> list[tuple[int, int, float]] | None:
+    """num_kv_pairs as Zoology's mixture of settings, [[seq_len, kv(, weight)], ...] ->
+    [(seq_len, kv, weight)] (weight 1 when left out); None for an int or a list of ints
+    (every row at data.seq_len). ValueError for a setting longer than data.seq_len, a
+    weight that is not a positive number, or a mix of both forms."""
+    if not isinstance(kv, (list, tuple)) or not any(isinstance(k, (list, tuple)) for k in kv):
+        return None
+    out = []
+    for k in kv:
+        if not (isinstance(k, (list, tuple)) and len(k) in (2, 3)):
+            raise ValueError(f"MQAR num_kv_pairs={kv!r}: a list of settings takes "
+                             f"[seq_len, kv] or [seq_len, kv, weight] entries only; {k!r} "
+                             "is neither")
+        t, n = int(k[0]), int(k[1])
+        w = float(k[2]) if len(k) == 3 else 1.0
+        if t > seq_len:
+            raise ValueError(f"MQAR setting {list(k)}: its seq_len {t} exceeds data.seq_len "
+                             f"{seq_len}, the row length it is padded to")
+        if not (np.isfinite(w) and w > 0):
+            raise ValueError(f"MQAR setting {list(k)}: weight {w} must be a positive number")
+        out.append((t, n, w))
+    return out
+
+
 class MQARDataset(Dataset):
     """Fresh MQAR examples every step, from rng([seed, step]); held-out set from a
     separate stream. Given `tokenizer` (the vocabulary so far, in a mixture), MQAR's
@@ -107,6 +142,10 @@ class MQARDataset(Dataset):
         self.seed = int(seed)
         self.seq_len = int(cfg_get(cfg, "seq_len", 64))
         kv = cfg_get(cfg, "num_kv_pairs", 4)
+        # Zoology's mixture of settings: each row draws a (seq_len, kv), padded
+        self.settings = parse_settings(kv, self.seq_len)
+        if self.settings is not None:
+            kv = [n for _, n, _ in self.settings]
         # a list trains on several recall loads at once: each row draws its count
         self.kv_choices = [int(k) for k in kv] if isinstance(kv, (list, tuple)) else [int(kv)]
         self.num_kv_pairs = self.kv_choices[0] if len(self.kv_choices) == 1 else list(self.kv_choices)
@@ -114,8 +153,12 @@ class MQARDataset(Dataset):
         self.power_a = float(cfg_get(cfg, "power_a", 0.01))
         self.random_non_queries = bool(cfg_get(cfg, "random_non_queries", False))
         vocab_key = "mqar_vocab_size" if cfg_get(cfg, "mqar_vocab_size") else "vocab_size"
-        for k in self.kv_choices:
-            check_shape(self.seq_len, k, self.task_vocab, vocab_key)
+        if self.settings is not None:
+            for t, k, _ in self.settings:
+                check_shape(t, k, self.task_vocab, vocab_key)
+        else:
+            for k in self.kv_choices:
+                check_shape(self.seq_len, k, self.task_vocab, vocab_key)
         if tokenizer is None:
             self.vocab_offset = 0
             self.tokenizer = IntegerTokenizer(self.task_vocab)
@@ -134,7 +177,9 @@ class MQARDataset(Dataset):
 
     def _batch(self, step: int, batch_size: int, split: str) -> dict:
         rng = step_rng(self.seed, step, split)
-        if len(self.kv_choices) == 1:
+        if self.settings is not None:
+            out = self._settings_rows(rng, batch_size)
+        elif len(self.kv_choices) == 1:
             out = generate(rng, batch_size, self.seq_len, self.kv_choices[0],
                            self.task_vocab, self.power_a, self.random_non_queries)
         else:
@@ -151,3 +196,22 @@ class MQARDataset(Dataset):
         inputs = out["inputs"] + self.vocab_offset
         targets = out["targets"] + self.vocab_offset
         return packing.make_batch(inputs, targets, None, out["mask"])
+
+    def _settings_rows(self, rng, batch_size: int) -> dict:
+        """Rows of a mixture of settings: row r draws setting i with p ~ weight_i; the
+        rows of one setting are generated together (at its own seq_len, then padded with
+        masked 0s), each query's mask 1/kv."""
+        weights = np.array([w for _, _, w in self.settings], np.float64)
+        which = rng.choice(len(self.settings), size=batch_size, p=weights / weights.sum())
+        out = {"inputs": np.zeros((batch_size, self.seq_len), np.int32),
+               "targets": np.zeros((batch_size, self.seq_len), np.int32),
+               "mask": np.zeros((batch_size, self.seq_len), np.float32)}
+        for i in sorted(set(which.tolist())):
+            rows = np.nonzero(which == i)[0]
+            t, k, _ = self.settings[i]
+            part = generate(rng, len(rows), t, k, self.task_vocab, self.power_a,
+                            self.random_non_queries)
+            out["inputs"][rows, :t] = part["inputs"]
+            out["targets"][rows, :t] = part["targets"]
+            out["mask"][rows, :t] = part["mask"] / np.float32(k)
+        return out

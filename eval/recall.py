@@ -76,18 +76,20 @@ def default_mqar_settings(seq_lens: Sequence[int],
 
 
 def mqar_task(config, dataset) -> dict[str, Any]:
-    """The MQAR vocabulary of a run: task vocab, id offset and power law, from its
-    dataset."""
+    """The MQAR vocabulary of a run: task vocab, id offset, power law and filler (random
+    tokens or 0s, as the run trained), from its dataset."""
     if hasattr(dataset, "task_vocab"):
         return {"vocab_size": int(dataset.task_vocab),
                 "offset": int(getattr(dataset, "vocab_offset", 0)),
-                "power_a": float(getattr(dataset, "power_a", 0.01))}
+                "power_a": float(getattr(dataset, "power_a", 0.01)),
+                "random_non_queries": bool(getattr(dataset, "random_non_queries", False))}
     source = cfg_get(config, "data.source")
     if source != "mqar":
         raise ValueError(f"--task=mqar needs a run trained on MQAR (data.source=mqar), "
                          f"this run has data.source={source!r}")
     return {"vocab_size": int(cfg_get(config, "data.vocab_size", 8192)), "offset": 0,
-            "power_a": float(cfg_get(config, "data.power_a", 0.01))}
+            "power_a": float(cfg_get(config, "data.power_a", 0.01)),
+            "random_non_queries": bool(cfg_get(config, "data.random_non_queries", False))}
 
 
 def mqar_grid(stats_fn, task: Mapping[str, Any], settings: Sequence[tuple[int, int]], *,
@@ -105,7 +107,8 @@ def mqar_grid(stats_fn, task: Mapping[str, Any], settings: Sequence[tuple[int, i
         if task["vocab_size"] <= t or 4 * kv > t:
             continue  # a shape the generator cannot make (vocab must exceed seq_len)
         ex = mqar.generate(np.random.default_rng([seed, t, kv]), num_examples, t, kv,
-                           task["vocab_size"], task["power_a"])
+                           task["vocab_size"], task["power_a"],
+                           bool(task.get("random_non_queries", False)))
         ex["inputs"] = ex["inputs"] + task["offset"]
         ex["targets"] = ex["targets"] + task["offset"]
         correct, total = masked_accuracy(stats_fn, _batched(ex, batch_size))

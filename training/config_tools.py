@@ -217,10 +217,20 @@ def _check_data(d) -> None:
     kv = d.get("num_kv_pairs")
     if kv is not None:
         values = list(kv) if isinstance(kv, (list, tuple)) else [kv]
-        if not values or not all(isinstance(k, int) and not isinstance(k, bool) and k > 0
-                                 for k in values):
+        count = lambda k: isinstance(k, int) and not isinstance(k, bool) and k > 0  # noqa
+        if any(isinstance(k, (list, tuple)) for k in values):
+            # Zoology's mixture of settings (data/mqar.py): [[seq_len, kv(, weight)], ...]
+            ok = all(isinstance(k, (list, tuple)) and len(k) in (2, 3)
+                     and count(k[0]) and count(k[1])
+                     and (len(k) == 2 or (isinstance(k[2], (int, float))
+                                          and not isinstance(k[2], bool) and k[2] > 0))
+                     for k in values)
+        else:
+            ok = bool(values) and all(count(k) for k in values)
+        if not ok:
             raise ConfigError(f"data.num_kv_pairs={kv!r}: use a positive integer or a list "
-                              f"of them, e.g. 4 or [2, 4]")
+                              f"of them, e.g. 4 or [2, 4], or a list of [seq_len, kv, "
+                              f"weight] settings, e.g. [[64, 4, 5], [256, 16, 1]]")
     errors = d.get("encoding_errors")
     if errors is not None and errors not in ("strict", "replace"):
         raise ConfigError(f"data.encoding_errors={errors!r}: use strict (stop at invalid "
