@@ -76,6 +76,8 @@ def evaluate_run(task: str, run_dir: str, ecfg: Mapping[str, Any]) -> dict[str, 
     elif task == "mqar":
         correct, total = recall.masked_accuracy(stats_fn, dataset.eval_batches(bs, nb))
         metrics = {"accuracy": correct / max(total, 1), "queries": total}
+        if ecfg.get("settings"):
+            metrics.update(mqar_settings(stats_fn, config, dataset, ecfg))
     elif task == "niah":
         metrics = {}
         for i, kind in enumerate(ecfg.get("kinds") or (None,)):
@@ -88,11 +90,42 @@ def evaluate_run(task: str, run_dir: str, ecfg: Mapping[str, Any]) -> dict[str, 
         raise ValueError(f"evaluate_run: no evaluation for task {task!r}")
     params = model_state.flat_params(nnx.state(model, nnx.Param))
     seq_len = int(cfg_get(config, "data.seq_len", 1))
+    # the length the decode state is measured at: the training length, or the sweep's
+    # (Zoology's recall-memory figure: its longest test length)
+    state_len = int(ecfg.get("state_seq_len") or seq_len)
     return {"metrics": metrics, "step": int(step),
             "params": model_state.num_params({k: v.shape for k, v in params.items()}),
-            "state_size": state_size_at(model, seq_len), "seq_len": seq_len,
+            "state_size": state_size_at(model, state_len), "state_seq_len": state_len,
+            "seq_len": seq_len,
             "d_model": cfg_get(config, "model.d_model"),
             "layers": cfg_get(config, "model.num_layers")}
+
+
+def setting_name(seq_len: int, kv: int) -> str:
+    return f"T{int(seq_len)}_kv{int(kv)}"
+
+
+def mqar_settings(stats_fn, config, dataset, ecfg: Mapping[str, Any]) -> dict[str, Any]:
+    """Accuracy at each of the sweep's test settings `eval.settings` ((seq_len, kv)
+    pairs; `eval.settings_examples` fresh examples each, default 1,000, drawn as the run's
+    own data: vocabulary, power law, filler) and their plain mean, `settings_mean`: with
+    the seven of configs/mqar_zoology_based.py, Zoology's valid/accuracy (the mean over
+    equal numbers of examples of each setting). A setting the model's vocabulary cannot
+    hold (seq_len >= vocabulary) fails loudly rather than leave the mean short."""
+    from eval import recall
+
+    settings = [(int(t), int(k)) for t, k in ecfg["settings"]]
+    task = recall.mqar_task(config, dataset)
+    got = recall.mqar_grid(stats_fn, task, settings,
+                           num_examples=int(ecfg.get("settings_examples", 1000)),
+                           batch_size=int(ecfg.get("settings_batch_size", 32)),
+                           seed=int(ecfg.get("settings_seed", 1234)), progress=False)
+    cells = {setting_name(c["seq_len"], c["kv_pairs"]): c["accuracy"] for c in got["cells"]}
+    missing = [setting_name(t, k) for t, k in settings if setting_name(t, k) not in cells]
+    if missing:
+        raise ValueError(f"eval.settings {missing}: no MQAR example of that shape fits the "
+                         f"run's task vocabulary {task['vocab_size']}")
+    return {"settings": cells, "settings_mean": sum(cells.values()) / len(cells)}
 
 
 def state_size_at(model, seq_len: int) -> int:

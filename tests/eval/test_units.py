@@ -267,7 +267,7 @@ def test_recall_scatter_draws_reference_points(monkeypatch, tmp_path):
     figs = []
     monkeypatch.setattr(plots, "_save", lambda fig, path: figs.append(fig) or path)
     refs = [dict(r) for r in load_compare_config("compare_mqar")["references"]]
-    assert {r["mixer"] for r in refs} >= {"based", "gated_deltanet", "deltanet"}
+    assert {r["mixer"] for r in refs} >= {"taylor", "gated_deltanet", "deltanet"}
     pts = [{"setting": s, "mixer": "based", "state_size": 5e4 * (i + 1),
             "value": 0.5 + 0.1 * i} for s in ("T64", "T256") for i in range(2)]
     plots.recall_vs_state(pts, str(tmp_path / "x.png"), references=refs)
@@ -275,7 +275,8 @@ def test_recall_scatter_draws_reference_points(monkeypatch, tmp_path):
     for ax in fig.axes:
         drawn = {(float(line.get_xdata()[0]), float(line.get_ydata()[0])): line.get_label()
                  for line in ax.get_lines() if line.get_marker() == "*"}
-        assert drawn == {(r["state_size"], r["value"]): f"{r['mixer']} (Zoology, approx.)"
+        assert drawn == {(r["state_size"], r["value"]):
+                         f"{r.get('label', r['mixer'])} (Zoology, 7-setting mean, approx.)"
                          for r in refs}
         measured = [line for line in ax.get_lines() if line.get_marker() == "o"]
         assert len(measured) == 1 and list(measured[0].get_ydata()) == [0.5, 0.6]
