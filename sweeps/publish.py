@@ -97,6 +97,10 @@ def main(argv):
     from absl import flags
 
     f = flags.FLAGS
+    if not os.path.isdir(f.sweeps):
+        raise SystemExit(f"error: --sweeps={f.sweeps} is not a directory: give the folder "
+                         "holding the sweeps (each a python -m sweeps.run --workdir), e.g. "
+                         "runs/sweeps")
     out = collect(f.sweeps, f.docs, f.device_file)
     for name, s in out["sweeps"].items():
         print(f"{name}: {len(s['records'])} records, plots {s['plots']}")

@@ -5,8 +5,11 @@
 
 The grid is the product of the config's `settings x mixers x sizes x lrs x seeds`
 (sweeps.grid); each run trains through train.py and is measured (sweeps.runner,
-sweeps.tasks). A second invocation skips runs with `done.json`, so a killed sweep
-carries on where it stopped; `results.jsonl`, `results.md` (tables at the best lr per
+sweeps.tasks). It first prints its run count and an estimate of its time
+(sweeps.estimate). Ctrl-C or SIGTERM reaches the run in progress, which saves a
+checkpoint; the sweep exits with one line (128 + the signal). A second invocation skips
+runs with `done.json` and resumes the stopped one, so a killed sweep carries on where it
+stopped; `results.jsonl`, `results.md` (tables at the best lr per
 setting, mixer and size) and the PNG plots are rewritten after every run
 (sweeps.outputs). The `speed` task trains nothing: it times each mixer's train.py step
 and decoding in-process (eval.speed).
@@ -14,8 +17,24 @@ and decoding in-process (eval.speed).
 from __future__ import annotations
 
 import os
+import sys
 
 from eval import common
+
+
+# A sweep estimated to take longer than this asks before it starts (on a terminal; --yes
+# or a non-interactive stdin skips the question).
+ASK_ABOVE_S = 3600.0
+
+
+def _ask_if_long(est) -> bool:
+    if est.seconds is None or est.seconds <= ASK_ABOVE_S:
+        return True
+    try:
+        answer = input("start it? [y/N] ")
+    except EOFError:
+        return False
+    return answer.strip().lower() in ("y", "yes")
 
 
 @common.user_errors
@@ -30,8 +49,13 @@ def main(argv):
     cfg = config_tools.to_plain(f.config)
     if f.runner:
         cfg["runner"] = f.runner
-    records = runner.sweep(cfg, f.workdir, max_wall_s=f.max_wall_s, only=f.only,
-                           shard=f.shard, report_only=f.report_only)
+    confirm = None if f.yes or not sys.stdin.isatty() else _ask_if_long
+    try:
+        records = runner.sweep(cfg, f.workdir, max_wall_s=f.max_wall_s, only=f.only,
+                               shard=f.shard, report_only=f.report_only, confirm=confirm)
+    except runner.SweepInterrupted as e:
+        print(f"{e}.", file=sys.stderr, flush=True)
+        sys.exit(128 + e.signum)
     common.print_json({"workdir": f.workdir, "finished_runs": len(records),
                        "results": os.path.join(f.workdir, "results.md")})
 
@@ -51,6 +75,8 @@ if __name__ == "__main__":
     flags.DEFINE_string("shard", "0/1", "i/n: run grid entries i, i+n, ... (n processes "
                         "sharing one sweep directory).")
     flags.DEFINE_bool("report_only", False, "Run nothing; rebuild the tables and plots.")
+    flags.DEFINE_bool("yes", False, "Start without asking, however long the estimate (a "
+                      "terminal is asked when the estimate passes an hour).")
     flags.DEFINE_enum("runner", None, ["subprocess", "inprocess"],
                       "How to train each run (default: the config's `runner`, else "
                       "subprocess).")
