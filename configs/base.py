@@ -64,6 +64,8 @@ def get_config() -> ml_collections.ConfigDict:
         key_vocab=config_dict.placeholder(int),
         key_len=config_dict.placeholder(int),
         num_digits=config_dict.placeholder(int),
+        niah_haystack=config_dict.placeholder(str),    # filler | needles (MK-NIAH-2/3)
+        num_values=config_dict.placeholder(int),       # values per key (MV-NIAH)
         filler_source=config_dict.placeholder(str),
         filler_vocab=config_dict.placeholder(int),
         # source=mixture (data/mixture.py): a list of sub-configs or a dict of them.

@@ -65,10 +65,16 @@ MQAR (source=mqar; Zoology's layout, see data/mqar.py)
 NIAH (source=niah; see data/niah.py)
   niah_kind       passkey | multikey                                   [passkey]
   niah_depths     depths to sample from, fractions in [0,1]            [None: uniform]
-  num_keys        needles in a multikey haystack                       [4]
+  num_keys        keys in a multikey haystack of filler                [4]
   key_vocab       reserved key ids                                     [64]
   key_len         ids per key (multikey)                               [1]
-  num_digits      digits in the answer                                 [5]
+  num_digits      digits per value (RULER's numbers have 7)            [5]
+  niah_haystack   filler (text or random ids) | needles (RULER
+                  MK-NIAH-2/3: every haystack needle another key's;
+                  niah_kind=multikey)                                  [filler]
+  num_values      needles per key, each its own value (RULER MV-NIAH);
+                  the answer is all the queried key's, in document
+                  order                                                [1]
   files / name    text for the haystack, tokenised with `tokenizer`    [None: random filler]
   filler_source   files | hf | tfds: where files/name point            [files if files else hf]
   filler_vocab    random filler ids drawn from [0, filler_vocab)       [text tokenizer vocab]

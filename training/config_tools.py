@@ -261,7 +261,7 @@ def _check_store_keys(d, source) -> None:
 
 # Task keys that must be positive integers when set (0 or less builds no task).
 _POSITIVE_DATA_INTS = ("mqar_vocab_size", "num_keys", "key_vocab", "key_len", "num_digits",
-                       "filler_vocab")
+                       "filler_vocab", "num_values")
 _FILLER_SOURCES = ("files", "hf", "tfds")
 
 
@@ -287,6 +287,10 @@ def _check_task_keys(d) -> None:
     kind = d.get("niah_kind")
     if kind is not None and kind not in niah.KINDS:
         raise ConfigError(f"data.niah_kind={kind!r}: use one of {', '.join(niah.KINDS)}")
+    haystack = d.get("niah_haystack")
+    if haystack is not None and haystack not in niah.HAYSTACKS:
+        raise ConfigError(f"data.niah_haystack={haystack!r}: use one of "
+                          f"{', '.join(niah.HAYSTACKS)}")
     depths = d.get("niah_depths")
     if depths is not None:
         values = list(depths) if isinstance(depths, (list, tuple)) else None
