@@ -9,7 +9,6 @@ transformers. Metric: max |ours - transformers'| / max |transformers'| over all 
 import json
 import pathlib
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -162,7 +161,8 @@ def test_sharded_and_bfloat16_checkpoints_read(tmp_path):
         want = tensors[k] if k in half else rest[k].astype(np.float32)
         np.testing.assert_array_equal(np.asarray(read[k], np.float32), want)
     ids, ref = _io("qwen2")
-    assert rel_err(logits_of(hf.load(tmp_path), ids), ref) < 2e-2  # half the weights in bfloat16
+    # Half the weights rounded to bfloat16.
+    assert rel_err(logits_of(hf.load(tmp_path), ids), ref) < 2e-2
 
 
 def test_unsupported_or_mismatched_checkpoints_are_named(tmp_path):

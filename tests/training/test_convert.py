@@ -90,7 +90,7 @@ def test_lora_stage_and_export_read_back(converted):
     exported = hf.load(workdir / "export")
     assert exported.cfg.layer_mixers() == ["hedgehog", "hedgehog"]
     assert not any(k.startswith("lora/") for k in hf.read_tensors(workdir / "export"))
-    from training import builders, step as step_fns, sharding as shd
+    from training import builders, step as step_fns
     cfg = config_tools.load_config(workdir / "stage2")
     dataset = builders.build_dataset(cfg)
     total = np.zeros(3)
