@@ -95,8 +95,11 @@ def get_config() -> ml_collections.ConfigDict:
         prng_impl="threefry2x32",
     ))
 
-    # Devices: ("data", "fsdp", "tensor"); -1 = the rest of the devices.
-    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1))
+    # Devices: ("data", "fsdp", "tensor", "sequence"); -1 = the rest of the devices.
+    # sequence: context parallelism, each sequence split along time over this many
+    # devices (data.seq_len must divide by it); the mixers pass their states between the
+    # pieces (kernels.context_parallel, docs/context_parallel.md). 1 = unsplit.
+    c.mesh = ml_collections.ConfigDict(dict(data=-1, fsdp=1, tensor=1, sequence=1))
 
     c.logging = ml_collections.ConfigDict(dict(
         wandb="offline",            # offline | online | disabled; WANDB_MODE overrides

@@ -101,18 +101,30 @@ _MESH: contextvars.ContextVar = contextvars.ContextVar("sequence_mesh", default=
 @contextlib.contextmanager
 def sequence_mesh(mesh):
     """Within this context the entry points split along `mesh`'s `sequence` axis. It is
-    read when a function is traced: jit a function inside it (training.runtime wraps its
-    steps so that they trace inside it)."""
+    read when a function is traced. Entered outside jax.jit it also sets jax's mesh
+    (`jax.set_mesh`), which jit's cache keys on, so a function jitted before it is traced
+    again inside it; entered while tracing (training.runtime wraps its steps so that they
+    trace inside it) it holds for that trace. A mesh set by `jax.set_mesh` alone splits
+    the same way."""
     token = _MESH.set(mesh)
     try:
-        yield mesh
+        outer = jax.set_mesh(mesh)
+    except ValueError:  # inside a trace: jax's mesh context cannot be changed there
+        outer = contextlib.nullcontext()
+    try:
+        with outer:
+            yield mesh
     finally:
         _MESH.reset(token)
 
 
 def active_mesh(mesh=None):
-    """`mesh` (or the context's) if it has a `sequence` axis of more than one device."""
-    mesh = _MESH.get() if mesh is None else mesh
+    """`mesh`, else the context's (sequence_mesh's, else jax.set_mesh's), if it has a
+    `sequence` axis of more than one device; None otherwise."""
+    if mesh is None:
+        mesh = _MESH.get()
+    if mesh is None:
+        mesh = jax.sharding.get_abstract_mesh()
     if mesh is None or AXIS not in mesh.axis_names or mesh.shape[AXIS] == 1:
         return None
     return mesh

@@ -6,22 +6,37 @@ takes.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple
 
 import jax
 import optax
 
+from kernels import context_parallel
 from training import builders, model_state, optim
 from training import sharding as shd
 from training import step as step_fns
 
 
 def make_mesh(config):
-    """The config's data x fsdp x tensor mesh; the batch must split evenly over it."""
-    mesh = shd.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor)
+    """The config's data x fsdp x tensor x sequence mesh; the batch must split evenly
+    over it (rows over data x fsdp, each sequence over `sequence`)."""
+    mesh = shd.make_mesh(config.mesh.data, config.mesh.fsdp, config.mesh.tensor,
+                         sequence=config.mesh.get("sequence", 1))
     shd.check_batch_divides(config.train.batch_size // config.train.grad_accum, mesh,
                             "train.batch_size / train.grad_accum")
+    shd.check_sequence_divides(config.data.seq_len, mesh)
     return mesh
+
+
+def _on_mesh(fn, mesh):
+    """fn traced inside kernels.context_parallel.sequence_mesh(mesh): with a sequence
+    axis the mixers split each sequence over it (a no-op without one)."""
+    @functools.wraps(fn)
+    def traced(*args):
+        with context_parallel.sequence_mesh(mesh):
+            return fn(*args)
+    return traced
 
 
 class Model(NamedTuple):
@@ -98,13 +113,13 @@ def compile_steps(model: Model, rest, layout: Layout, t_cfg, mesh, packed: bool)
     several documents (data.Dataset.packed): only then does the model get segment ids."""
     parts = model_state.ModelParts(model.graphdef, model.template, rest, model.names,
                                    model.logical, model.shapes)
-    train_step = jax.jit(step_fns.make_train_step(parts, model.tx, t_cfg.grad_accum, mesh,
-                                                  packed),
+    train_step = jax.jit(_on_mesh(step_fns.make_train_step(parts, model.tx, t_cfg.grad_accum,
+                                                           mesh, packed), mesh),
                          in_shardings=(layout.params, layout.opt_state, layout.batch,
                                        layout.replicated, layout.replicated),
                          out_shardings=(layout.params, layout.opt_state, layout.replicated),
                          donate_argnums=(0, 1))
-    eval_step = jax.jit(step_fns.make_eval_step(parts, packed),
+    eval_step = jax.jit(_on_mesh(step_fns.make_eval_step(parts, packed), mesh),
                         in_shardings=(layout.params, layout.batch),
                         out_shardings=layout.replicated)
     return Steps(train_step, eval_step, jax.random.key(int(t_cfg.seed)), model.redraw_every)

@@ -1,9 +1,11 @@
 """Device mesh, logical-axis rules for parameters, and global batches.
 
-The mesh has three axes, always in this order:
-  data   - pure data parallelism (parameters replicated),
-  fsdp   - data parallelism with parameters and optimizer state sharded (ZeRO-3 style),
-  tensor - tensor parallelism inside matmuls.
+The mesh has four axes, always in this order:
+  data     - pure data parallelism (parameters replicated),
+  fsdp     - data parallelism with parameters and optimizer state sharded (ZeRO-3 style),
+  tensor   - tensor parallelism inside matmuls,
+  sequence - context parallelism: each sequence split along time, the mixers passing
+             states (kernels.context_parallel); 1 unless mesh.sequence says otherwise.
 Parameters carry logical axis names ("embed", "vocab", "mlp", "heads", "kv", "norm",
 and "layers" for the stacked axis of scanned layers);
 `LOGICAL_RULES` maps them to mesh axes, as MaxText does. A dimension that does not divide
@@ -18,8 +20,9 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-MESH_AXES = ("data", "fsdp", "tensor")
+MESH_AXES = ("data", "fsdp", "tensor", "sequence")
 BATCH_AXES = ("data", "fsdp")  # the batch dimension is split over both data axes
+SEQUENCE_AXIS = "sequence"     # the time dimension of a batch, over mesh.sequence devices
 
 LOGICAL_RULES: dict[str, str | None] = {
     "embed": "fsdp",
@@ -58,9 +61,23 @@ def mesh_shape(data: int, fsdp: int, tensor: int, num_devices: int) -> tuple[int
     return tuple(sizes)
 
 
-def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices=None) -> Mesh:
+def make_mesh(data: int = -1, fsdp: int = 1, tensor: int = 1, devices=None,
+              sequence: int = 1) -> Mesh:
+    """data x fsdp x tensor x sequence; sequence takes its devices first (it must divide
+    their number), the other three share the rest as mesh_shape says. The sequence axis
+    is last, so a piece's neighbours in time are neighbouring devices."""
     devices = list(jax.devices() if devices is None else devices)
-    shape = mesh_shape(data, fsdp, tensor, len(devices))
+    sequence = int(sequence)
+    if sequence < 1 or len(devices) % sequence:
+        raise MeshError(f"mesh.sequence={sequence} must be a positive divisor of the "
+                        f"{len(devices)} devices")
+    try:
+        shape = mesh_shape(data, fsdp, tensor, len(devices) // sequence) + (sequence,)
+    except MeshError as e:
+        if sequence == 1:
+            raise
+        raise MeshError(f"{e} (mesh.sequence={sequence} holds {len(devices)} / {sequence} "
+                        f"of them for each)") from None
     try:
         from jax.experimental import mesh_utils
         grid = mesh_utils.create_device_mesh(shape, devices, allow_split_physical_axes=True)
@@ -100,8 +117,23 @@ def replicated(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, P())
 
 
+def batch_spec(mesh: Mesh, leading: tuple = ()) -> P:
+    """(batch, time) arrays: rows over data x fsdp, time over the sequence axis when it has
+    more than one device; `leading` dims (e.g. grad_accum's microbatch axis) in front."""
+    if mesh.shape.get(SEQUENCE_AXIS, 1) > 1:
+        return P(*leading, BATCH_AXES, SEQUENCE_AXIS)
+    return P(*leading, BATCH_AXES)
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
-    return NamedSharding(mesh, P(BATCH_AXES))
+    return NamedSharding(mesh, batch_spec(mesh))
+
+
+def check_sequence_divides(seq_len: int, mesh: Mesh, what: str = "data.seq_len") -> None:
+    n = mesh.shape.get(SEQUENCE_AXIS, 1)
+    if seq_len % n:
+        raise MeshError(f"{what}={seq_len} must be a multiple of mesh.sequence = {n} "
+                        f"(each device takes an equal piece of every sequence)")
 
 
 def check_batch_divides(batch_size: int, mesh: Mesh,

@@ -74,8 +74,7 @@ def make_train_step(parts: model_state.ModelParts, tx, grad_accum: int, mesh,
                 x = x.reshape((x.shape[0] // grad_accum, grad_accum) + x.shape[1:])
                 x = x.swapaxes(0, 1)
                 return jax.lax.with_sharding_constraint(
-                    x, jax.sharding.NamedSharding(
-                        mesh, jax.sharding.PartitionSpec(None, shd.BATCH_AXES)))
+                    x, jax.sharding.NamedSharding(mesh, shd.batch_spec(mesh, (None,))))
             micro = jax.tree.map(split, batch)
             zeros = jax.tree.map(jnp.zeros_like, params)
 

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from kernels import ops
+from kernels import context_parallel, ops
 from models.config import ModelConfig
 from models.layers import dense, rotary, segment_positions
 from models.mixers.base import Mixer
@@ -99,8 +99,9 @@ class SoftmaxAttention(_Attention):
 
     def __call__(self, x, *, segment_ids=None, deterministic: bool = True):
         q, k, v = self._qkv(x, segment_positions(segment_ids, x.shape[1]))
-        return self._out(ops.softmax_attention(q, k, v, segment_ids=segment_ids, causal=True,
-                                               **self._dropout_args(deterministic)))
+        return self._out(context_parallel.softmax_attention(
+            q, k, v, segment_ids=segment_ids, causal=True,
+            **self._dropout_args(deterministic)))
 
     def init_state(self, batch: int, max_len: int):
         return self._cache(batch, max_len)
@@ -154,9 +155,9 @@ class SlidingWindowAttention(_Attention):
         if drop:  # the explicit (T x T) path: the banded kernel has no dropout
             o = ops.softmax_attention(q, k, v, segment_ids=segment_ids, causal=True,
                                       window=self.window, **drop)
-        else:
-            o = ops.sliding_window_attention(q, k, v, window=self.window,
-                                             segment_ids=segment_ids)
+        else:  # split along time under a `sequence` mesh (kernels.context_parallel)
+            o = context_parallel.sliding_window_attention(q, k, v, window=self.window,
+                                                          segment_ids=segment_ids)
         return self._out(o)
 
     def init_state(self, batch: int, max_len: int):

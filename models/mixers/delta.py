@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from kernels import ops
+from kernels import context_parallel
 from models.config import ModelConfig
 from models.layers import GatedRMSNorm, ShortConv, dense, dtypes, l2_normalize, meta
 from models.mixers.recurrent import RecurrentMixer
@@ -66,7 +66,7 @@ class _DeltaRule(RecurrentMixer):
         return inputs, {"q": cq, "k": ck, "v": cv}
 
     def _op(self, inputs, *, segment_ids, initial_state, return_state, impl):
-        return ops.gated_delta_rule(
+        return context_parallel.gated_delta_rule(
             inputs["q"], inputs["k"], inputs["v"], inputs["log_alpha"], inputs["beta"],
             segment_ids=segment_ids, initial_state=initial_state, return_state=return_state,
             impl=impl, chunk_size=self.cfg.chunk_size)

@@ -16,7 +16,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from flax import nnx
 
-from kernels import ops
+from kernels import context_parallel
 from models.config import ModelConfig
 from models.layers import ShortConv, dense, dtypes, rotary, segment_positions
 from models.mixers.recurrent import RecurrentMixer
@@ -116,7 +116,7 @@ class FeatureMapAttention(RecurrentMixer):
         return {n: self._conv(n).init_state(batch, c, dtype) for n, c in widths.items()}
 
     def _op(self, inputs, *, segment_ids, initial_state, return_state, impl):
-        return ops.linear_attention(
+        return context_parallel.linear_attention(
             inputs["q"], inputs["k"], inputs["v"], normalize=self.normalize,
             segment_ids=segment_ids, initial_state=initial_state, return_state=return_state,
             impl=impl, chunk_size=self.cfg.chunk_size)

@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from kernels import ops
+from kernels import context_parallel
 from models.config import ModelConfig
 from models.layers import ShortConv, dense, dtypes, rms_norm
 from models.mixers.recurrent import RecurrentMixer
@@ -76,7 +76,7 @@ class LightningAttention(RecurrentMixer):
 
     def _op(self, inputs, *, segment_ids, initial_state, return_state, impl):
         log_decay = -jnp.asarray(self.slopes, jnp.float32)
-        return ops.linear_attention(
+        return context_parallel.linear_attention(
             inputs["q"], inputs["k"], inputs["v"], normalize=False, log_decay=log_decay,
             segment_ids=segment_ids, initial_state=initial_state, return_state=return_state,
             impl=impl, chunk_size=self.cfg.chunk_size)

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from kernels import ops
+from kernels import context_parallel
 from kernels.common import run_ids
 from models import feature_maps as fm
 from models.config import ModelConfig
@@ -108,7 +108,7 @@ class _StabilisedExpAttention(FeatureMapAttention):
         q = ratio * fm.per_token_max_features(lq, eps=self.feature_eps)
         run = None if segment_ids is None else run_ids(segment_ids, b, t)
         k, log_decay, c = fm.running_max_features(lk, run, c0, eps=self.feature_eps)
-        res = ops.linear_attention(
+        res = context_parallel.linear_attention(
             q, ratio * k, inputs["v"], normalize=True, eps=self.denominator_eps,
             log_decay=log_decay, segment_ids=segment_ids, initial_state=initial_state,
             return_state=return_state, impl=impl, chunk_size=self.cfg.chunk_size)
