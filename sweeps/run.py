@@ -60,9 +60,25 @@ def main(argv):
                        "results": os.path.join(f.workdir, "results.md")})
 
 
+def precheck_argv(argv) -> None:
+    """A missing config, an unknown --config.KEY or a wrong type: one line before absl
+    parses the flags (as train.py checks its own)."""
+    from training import config_tools
+
+    path, overrides = config_tools.overrides_from_argv(argv[1:])
+    if path is None:
+        sys.exit("error: --config is required, e.g. --config=configs/compare_mqar.py:tiny")
+    try:
+        config_tools.check_overrides(config_tools.load_config_file(path), overrides)
+    except (config_tools.ConfigError, ValueError) as e:
+        sys.exit(f"error: {e}")
+
+
 if __name__ == "__main__":
     from absl import app, flags
     from ml_collections import config_flags
+
+    precheck_argv(sys.argv)
 
     config_flags.DEFINE_config_file("config", None,
                                     "Sweep config, e.g. configs/compare_mqar.py[:tiny].")

@@ -175,3 +175,13 @@ def test_a_long_sweep_asks_first_and_a_no_runs_nothing(tmp_path, monkeypatch, ca
                            confirm=lambda est: False)
     assert records == [] and "sweep: nothing run" in capsys.readouterr().err
     assert not any(p.is_dir() for p in tmp_path.iterdir())  # no run was started
+
+
+def test_an_unknown_sweep_key_is_one_line():
+    r = subprocess.run([sys.executable, "-m", "sweeps.run",
+                        "--config=configs/compare_mqar.py:tiny", "--workdir=/nonexistent",
+                        "--config.overrides.train.log_every=5"], cwd=ROOT, env=env(),
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 1 and "Traceback" not in r.stderr
+    assert r.stderr.strip().startswith("error: ") and "log_every" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
