@@ -1,7 +1,6 @@
 """The README's examples work as written on a fresh clone (scripts/check_readme.py runs
 each for a couple of steps: slow, 17 minutes measured on the shared 2 cores, 16 commands),
-and the extraction of its
-commands is right (fast)."""
+and the extraction of its commands is right (fast)."""
 import sys
 
 import pytest

@@ -3,8 +3,9 @@ store, each reading only its half of every global batch, give losses bitwise equ
 process with two devices on the same global batches; SIGKILL of either process mid-run
 and the same command run again on both resume to the same losses, bitwise.
 
-Slow (6 minutes measured on the shared 2 cores: the two-process steps go through gloo). The share
-arithmetic and each source's rows are checked fast in tests/data/test_process_share.py.
+Slow (6 minutes measured on the shared 2 cores: the two-process steps go through
+gloo). The share arithmetic and each source's rows are checked fast in
+tests/data/test_process_share.py.
 """
 import json
 import pathlib
