@@ -3,13 +3,16 @@
     python -m eval.recall --workdir=DIR --task=mqar \
         [--seq_lens=64,128,256,512 --num_examples=256]
     python -m eval.recall --workdir=DIR --task=niah \
-        [--length_multiples=1,2,4,8 --num_depths=6]
+        [--length_multiples=1,2,4,8 --num_depths=6 --kinds=passkey,mk2,mv]
 
 Accuracy is teacher-forced: one forward pass per batch, then argmax(logits) == target
 at the positions the mask marks (MQAR: the query positions; NIAH: the answer digits).
 For NIAH, "exact" is the fraction of examples with every digit right (the same as
 greedy decoding getting all digits, since greedy and teacher forcing agree until the
-first wrong digit) and "per_digit" the fraction of digits right. Lengths beyond the
+first wrong digit) and "per_digit" the fraction of digits right; with multi-value
+needles (data.num_values > 1) "per_value" is the fraction of values with every digit right
+(RULER's string_match_all). Each NIAH component of a mixture (MK-NIAH-2/3, multi-value,
+7 digits: configs/compare_niah.py) is gridded with its own settings. Lengths beyond the
 training length are included on purpose: they measure length generalisation.
 
 Writes `recall_<task>.json` (and `niah_heatmap.png` for NIAH) into the workdir and
@@ -118,38 +121,105 @@ def mqar_grid(stats_fn, task: Mapping[str, Any], settings: Sequence[tuple[int, i
 
 
 # ----------------------------------------------------------------------------- NIAH
-def find_niah(dataset):
-    """The NIAH dataset inside a run's dataset (itself, or a component of a mixture)."""
-    seen, todo = set(), [dataset]
+def _is_niah(d) -> bool:
+    return hasattr(d, "num_digits") and hasattr(d, "base_vocab") and hasattr(d, "kind")
+
+
+def niah_components(dataset) -> dict[str, Any]:
+    """The NIAH datasets of a run by name, in order: a mixture's NIAH components under
+    their component names; a NIAH run's own dataset under its kind."""
+    out: dict[str, Any] = {}
+    seen, todo = set(), [(None, dataset)]
     while todo:
-        d = todo.pop(0)
+        name, d = todo.pop(0)
         if id(d) in seen:
             continue
         seen.add(id(d))
-        if hasattr(d, "num_digits") and hasattr(d, "base_vocab") and hasattr(d, "kind"):
-            return d
+        if _is_niah(d):
+            out.setdefault(name if name is not None else str(d.kind), d)
+            continue
         for attr in ("components", "datasets", "parts"):
             sub = getattr(d, attr, None)
             if isinstance(sub, Mapping):
-                todo += list(sub.values())
+                todo += [(str(k), v) for k, v in sub.items()]
             elif isinstance(sub, (list, tuple)):
-                todo += [x[-1] if isinstance(x, tuple) else x for x in sub]
-    raise ValueError("--task=niah needs a run trained with needles (data.source=niah, or a "
-                     "mixture with a niah component); this run's dataset has none")
+                todo += [(None, x[-1] if isinstance(x, tuple) else x) for x in sub]
+    return out
+
+
+def find_niah(dataset, name: str | None = None):
+    """The NIAH dataset inside a run's dataset (itself, or a component of a mixture):
+    the first one, or the component called `name`."""
+    comps = niah_components(dataset)
+    if not comps:
+        raise ValueError("--task=niah needs a run trained with needles (data.source=niah, "
+                         "or a mixture with a niah component); this run's dataset has none")
+    if name is None:
+        return next(iter(comps.values()))
+    if name not in comps:
+        raise ValueError(f"NIAH task {name!r}: this run's NIAH components are "
+                         f"{', '.join(comps)}")
+    return comps[name]
+
+
+def niah_spec(dataset, kind: str | None = None) -> dict[str, Any]:
+    """What one NIAH evaluation draws: the generator's settings and the text filler.
+
+    kind: None (the run's first NIAH task), a mixture component's name (that component's
+    needles: kind, haystack, values, digits, keys), or a kind of data.niah (passkey,
+    multikey: the first NIAH task's settings with that kind)."""
+    from data import niah
+
+    comps = niah_components(dataset)
+    if kind is not None and kind not in comps and kind not in niah.KINDS:
+        raise ValueError(f"NIAH task {kind!r}: name one of this run's NIAH components "
+                         f"({', '.join(comps) or 'none'}) or a kind ({', '.join(niah.KINDS)})")
+    d = find_niah(dataset, kind if kind in comps else None)
+    spec = {"kind": d.kind if kind is None or kind in comps else kind,
+            "num_keys": int(d.num_keys), "num_digits": int(d.num_digits),
+            "key_vocab": int(d.key_vocab), "key_len": int(getattr(d, "key_len", 1)),
+            "haystack": str(getattr(d, "haystack", "filler")),
+            "num_values": int(getattr(d, "num_values", 1))}
+    spec["_dataset"] = d
+    return spec
 
 
 def niah_generate(dataset, length: int, depth: float, num_examples: int, seed: int,
                   kind: str | None = None) -> dict:
-    """NIAH examples of one (length, depth) cell, drawn like the run's own NIAH data."""
+    """NIAH examples of one (length, depth) cell, drawn like the run's own NIAH data
+    (`kind` as niah_spec)."""
     from data import niah
 
-    d = find_niah(dataset)
+    spec = niah_spec(dataset, kind)
+    d = spec["_dataset"]
     ex = niah.generate(np.random.default_rng(seed), num_examples, int(length), float(depth),
-                       kind or d.kind, d.num_keys, d.filler_tokens, d.base_vocab,
-                       d.filler_vocab, d.num_digits, d.key_vocab, getattr(d, "key_len", 1))
+                       spec["kind"], spec["num_keys"], d.filler_tokens, d.base_vocab,
+                       d.filler_vocab, spec["num_digits"], spec["key_vocab"],
+                       spec["key_len"], spec["haystack"], spec["num_values"])
     offset = int(getattr(d, "vocab_offset", 0))
     return {"inputs": ex["inputs"] + offset, "targets": ex["targets"] + offset,
             "mask": ex["mask"]}
+
+
+def niah_scores(stats_fn, batch: Mapping[str, np.ndarray],
+                num_values: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per example: (every answer digit right, fraction of digits right, fraction of
+    values with every digit right: RULER's string_match_all, which credits each value
+    of a multi-value answer found). A row whose masked digits do not split into
+    num_values equal values gets NaN for the last; a row with no mask NaN for all."""
+    _, hit = stats_fn(batch)
+    m = np.asarray(batch["mask"]) > 0
+    hit = np.asarray(hit) & m
+    n = m.sum(axis=1)
+    right = hit.sum(axis=1)
+    per_value = np.full(len(n), np.nan)
+    for i in range(len(n)):
+        if n[i] and n[i] % num_values == 0:
+            per_value[i] = hit[i][m[i]].reshape(num_values, -1).all(axis=1).mean()
+    with np.errstate(invalid="ignore", divide="ignore"):
+        exact = np.where(n > 0, (right == n).astype(np.float64), np.nan)
+        frac = np.where(n > 0, right / n, np.nan)
+    return exact, frac, per_value
 
 
 def niah_grid(stats_fn, config, dataset, *, lengths: Sequence[int] | None = None,
@@ -157,40 +227,62 @@ def niah_grid(stats_fn, config, dataset, *, lengths: Sequence[int] | None = None
               num_examples: int = 32, batch_size: int = 8, seed: int = 4321,
               progress: bool = False, generate_fn: Callable | None = None,
               kind: str | None = None) -> dict[str, Any]:
-    """Exact match and per-digit accuracy per (length, depth), plus their grid means."""
+    """Exact match and per-digit accuracy per (length, depth), plus their grid means;
+    with multi-value needles also per_value (the fraction of values right). `kind`: the
+    run's first NIAH task (None), a mixture component's name or a kind (niah_spec); the
+    grid says what it drew under "needles"."""
     train_len = int(cfg_get(config, "data.seq_len"))
     if not lengths:
         lengths = [train_len * int(m) for m in length_multiples]
     depths = [float(d) for d in np.linspace(0.0, 1.0, int(num_depths))]
+    spec = None
+    if generate_fn is None:
+        spec = {k: v for k, v in niah_spec(dataset, kind).items() if k != "_dataset"}
+    num_values = spec["num_values"] if spec else 1
     gen = generate_fn or (lambda n, d, k, s: niah_generate(dataset, n, d, k, s, kind))
     cells = []
     grid = [(int(n), d) for n in lengths for d in depths]
     it = grid
     if progress:
         from tqdm import tqdm
-        it = tqdm(grid, desc="niah", unit="cell")
+        it = tqdm(grid, desc=f"niah {kind}" if kind else "niah", unit="cell")
     for i, (n, d) in enumerate(it):
         ex = gen(n, d, num_examples, seed + i)
-        exact, frac = [], []
+        exact, frac, per_value = [], [], []
         for b in _batched(ex, batch_size):
-            e, f = example_scores(stats_fn, b)
+            e, f, v = niah_scores(stats_fn, b, num_values)
             exact.append(e)
             frac.append(f)
+            per_value.append(v)
         exact, frac = np.concatenate(exact), np.concatenate(frac)
-        cells.append({"length": n, "depth": d, "exact": float(np.nanmean(exact)),
-                      "per_digit": float(np.nanmean(frac)),
-                      "examples": int(np.isfinite(exact).sum())})
+        cell = {"length": n, "depth": d, "exact": float(np.nanmean(exact)),
+                "per_digit": float(np.nanmean(frac)),
+                "examples": int(np.isfinite(exact).sum())}
+        if num_values > 1:
+            cell["per_value"] = float(np.nanmean(np.concatenate(per_value)))
+        cells.append(cell)
 
     def mean(key):
         return float(np.mean([c[key] for c in cells])) if cells else float("nan")
-    return {"task": "niah", "train_length": train_len, "cells": cells,
-            "exact": mean("exact"), "per_digit": mean("per_digit")}
+    out = {"task": "niah", "train_length": train_len, "cells": cells,
+           "exact": mean("exact"), "per_digit": mean("per_digit")}
+    if num_values > 1:
+        out["per_value"] = mean("per_value")
+    if spec is not None:
+        out["needles"] = spec
+    if kind is not None:
+        out["kind"] = kind
+    return out
 
 
 # ----------------------------------------------------------------------------- CLI
 def run(workdir: str, task: str, *, seq_lens=(64, 128, 256, 512), num_examples: int = 0,
         batch_size: int = 32, length_multiples=(1, 2, 4, 8), num_depths: int = 6,
-        step: int | str | None = None) -> dict:
+        step: int | str | None = None, kinds: Sequence[str] | None = None) -> dict:
+    """kinds (NIAH): the tasks to grid, mixture component names or kinds (niah_spec);
+    None: every NIAH component of the run. The first one's grid is the result's top
+    level (as with one task); with more, each is also under result["kinds"][name], with
+    its heatmap niah_heatmap_<name>.png."""
     if task not in ("mqar", "niah"):
         raise ValueError(f"--task={task!r}: choose mqar or niah")
     model, config, dataset, step = common.load_run(workdir, step)
@@ -201,13 +293,23 @@ def run(workdir: str, task: str, *, seq_lens=(64, 128, 256, 512), num_examples: 
                            default_mqar_settings(seq_lens), num_examples=num_examples,
                            batch_size=batch_size)
     else:
-        result = niah_grid(stats_fn, config, dataset, length_multiples=length_multiples,
-                           num_depths=num_depths, num_examples=num_examples,
-                           batch_size=batch_size, progress=True)
         from eval import plots
-        result["heatmap"] = plots.niah_heatmap(
-            result["cells"], os.path.join(workdir, "niah_heatmap.png"),
-            title=f"{os.path.basename(os.path.normpath(workdir))} (step {step})")
+        names = list(kinds) if kinds else list(niah_components(dataset)) or [None]
+        title = f"{os.path.basename(os.path.normpath(workdir))} (step {step})"
+        grids = {}
+        for i, name in enumerate(names):
+            grid = niah_grid(stats_fn, config, dataset, length_multiples=length_multiples,
+                             num_depths=num_depths, num_examples=num_examples,
+                             batch_size=batch_size, progress=True,
+                             kind=name if len(names) > 1 or kinds else None)
+            png = "niah_heatmap.png" if i == 0 else f"niah_heatmap_{name}.png"
+            grid["heatmap"] = plots.niah_heatmap(
+                grid["cells"], os.path.join(workdir, png),
+                title=title if i == 0 else f"{title}: {name}")
+            grids[name] = grid
+        result = dict(grids[names[0]])
+        if len(names) > 1:
+            result["kinds"] = grids
     result["step"] = int(step)
     common.write_json(os.path.join(workdir, f"recall_{task}.json"), result)
     return result
@@ -222,9 +324,10 @@ def main(argv):
     del argv
     from absl import flags
     f = flags.FLAGS
+    kinds = [k.strip() for k in f.kinds.split(",") if k.strip()] or None
     result = run(f.workdir, f.task, seq_lens=_ints(f.seq_lens), num_examples=f.num_examples,
                  batch_size=f.batch_size, length_multiples=_ints(f.length_multiples),
-                 num_depths=f.num_depths, step=f.step)
+                 num_depths=f.num_depths, step=f.step, kinds=kinds)
     common.print_json(result)
 
 
@@ -240,6 +343,9 @@ if __name__ == "__main__":
     flags.DEFINE_string("length_multiples", "1,2,4,8",
                         "NIAH lengths as multiples of data.seq_len.")
     flags.DEFINE_integer("num_depths", 6, "NIAH needle depths, evenly spaced over [0, 1].")
+    flags.DEFINE_string("kinds", "", "NIAH tasks to grid, comma-separated: the run's "
+                        "mixture component names (passkey, mk2, ...) or kinds (passkey, "
+                        "multikey); empty: every NIAH component of the run.")
     flags.DEFINE_integer("num_examples", 0,
                          "Examples per MQAR setting / NIAH cell (0: 256 / 32).")
     flags.DEFINE_integer("batch_size", 32, "Examples per forward pass.")

@@ -266,6 +266,75 @@ def niah_summary_table(best: dict) -> str:
                      "passkey (grid) ± 95%"], rows)
 
 
+def niah_task_grids(metrics: dict) -> dict[str, dict]:
+    """{task name: grid} of one NIAH record: the headline grid ("grid", named by its
+    `kind`, else passkey) and every `grid_<name>` (sweeps.tasks: one per eval.kinds)."""
+    out = {}
+    if "grid" in metrics:
+        out[str(metrics["grid"].get("kind") or "passkey")] = metrics["grid"]
+    for key, grid in metrics.items():
+        if key.startswith("grid_") and isinstance(grid, dict):
+            out.setdefault(key[len("grid_"):], grid)
+    return out
+
+
+def _at_length_of(grid: dict, length: int | None, key: str):
+    """Mean of a cell metric over the depths at one length (None if not there)."""
+    vals = [c[key] for c in grid.get("cells", [])
+            if int(c["length"]) == length and key in c]
+    return sum(vals) / len(vals) if vals else None
+
+
+def niah_tasks_table(best: dict) -> str:
+    """Per (mixer, size, setting) at its best lr, one column per NIAH task evaluated
+    (configs/compare_niah.py:ruler's passkey, multikey, passkey7, mk2, mk3, mv): exact
+    match at the training length, mean over seeds ± its 95% t-interval, marked against
+    the best mixer of the same setting and width ([best], [tie], [?]: eval.intervals);
+    multi-value tasks also by value (RULER's string_match_all). "" when the records hold
+    no task beyond passkey and multi-key."""
+    rows, names = [], []
+    for (task, setting, mixer, size), b in sorted(best.items()):
+        if task != "niah":
+            continue
+        grids = [niah_task_grids(r["metrics"]) for r in b["records"]]
+        for g in grids:
+            names += [n for n in g if n not in names]
+        rows.append(((task, setting, mixer, size), b, grids))
+    if not rows or set(names) <= {"passkey", "multikey"}:
+        return ""
+    columns = []  # (task name, cell metric, header)
+    for n in names:
+        columns.append((n, "exact", f"{n} @train"))
+        if any("per_value" in g.get(n, {}) for _, _, gs in rows for g in gs):
+            columns.append((n, "per_value", f"{n} per value @train"))
+    ivs = {}
+    for key, b, grids in rows:
+        for col in columns:
+            n, metric, _ = col
+            vals = []
+            for g in grids:
+                grid = g.get(n, {})
+                vals.append(_at_length_of(grid, grid.get("train_length"), metric))
+            ivs[key, col] = intervals.mean_interval(v for v in vals if v is not None)
+    marks = {}
+    groups: dict[tuple, list] = defaultdict(list)
+    for key, _, _ in rows:
+        groups[(key[1], key[3])].append(key)
+    for keys in groups.values():
+        for col in columns:
+            for key, mark in zip(keys, intervals.marks([ivs[k, col] for k in keys])):
+                marks[key, col] = mark
+    table = []
+    for key, b, grids in rows:
+        _, setting, mixer, size = key
+        row = [mixer, size, setting, b["lr"]]
+        for col in columns:
+            iv, mark = ivs[key, col], marks.get((key, col), "")
+            row.append(intervals.fmt(iv) + (f" [{mark}]" if mark else ""))
+        table.append(row)
+    return md_table(["mixer", "size", "setting", "lr"] + [h for _, _, h in columns], table)
+
+
 def niah_grid_table(record: dict) -> str:
     """Depth x length exact-match table of one NIAH record (metrics['grid'])."""
     grid = record["metrics"].get("grid", {})
@@ -348,6 +417,11 @@ def markdown(records: list[dict], *, title: str, settings_order: Sequence[str] =
                       niah_summary_table(best), "",
                       "Mean over the whole depth x length grid, passkey:", "",
                       recall_table(records, best, "niah", settings_order)]
+            tasks_table = niah_tasks_table(best)
+            if tasks_table:
+                parts += ["", "### Every NIAH task at the training length (RULER's "
+                          "MK-NIAH-2/3, multi-value, 7 digits; data/niah.py)", "",
+                          tasks_table]
             for key, b in sorted(best.items()):
                 if key[0] == "niah":
                     parts += ["", f"### {key[2]} {key[3]} (lr {b['lr']:g}): exact match "
