@@ -27,7 +27,7 @@ EXAMPLES_PER_CELL examples per (length, depth) cell:
     mv         MV-NIAH: one key in 4 needles of 7-digit values in text; the answer is
                all 4 in document order (per_value: RULER's string_match_all)
 
-    python -m sweeps.run --config=configs/compare_niah.py:ruler --workdir=runs/cmp_niah_ruler \
+    python -m sweeps.run --config=configs/compare_niah.py:ruler --workdir=runs/niah_ruler \
         --config.overrides.data.files=path/to/tinyshakespeare/input.txt
     python -m sweeps.run --config=configs/compare_niah.py:ruler_tiny ...   # CPU check
     python train.py --config=configs/compare_niah.py:train_ruler ...       # one run

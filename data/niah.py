@@ -92,8 +92,8 @@ def layout(seq_len: int, kind: str, num_keys: int, num_digits: int, key_len: int
     if haystack not in HAYSTACKS:
         raise ValueError(f"NIAH haystack must be one of {HAYSTACKS}, got {haystack!r}")
     if haystack == "needles" and kind != "multikey":
-        raise ValueError("a NIAH haystack of needles (RULER MK-NIAH-2/3) needs keys to tell "
-                         "the queried needle from the others: use niah_kind=multikey")
+        raise ValueError("a NIAH haystack of needles (RULER MK-NIAH-2/3) needs keys to "
+                         "tell the queried needle from the others: use niah_kind=multikey")
     if num_values < 1:
         raise ValueError(f"NIAH num_values={num_values}: use 1 or more")
     key = key_len if kind == "multikey" else 0
@@ -109,8 +109,9 @@ def layout(seq_len: int, kind: str, num_keys: int, num_digits: int, key_len: int
     n_needles = (num_keys if kind == "multikey" else 1) * num_values
     # at least one needle's worth of filler, so the queried needle can go at any depth
     if hay < (n_needles + 1) * needle_len:
-        raise ValueError(f"NIAH seq_len={seq_len} is too short for {n_needles} needle(s) of "
-                         f"{needle_len} tokens, as much filler, and the query; raise seq_len")
+        raise ValueError(f"NIAH seq_len={seq_len} is too short for {n_needles} needle(s) "
+                         f"of {needle_len} tokens, as much filler, and the query; raise "
+                         "seq_len")
     return hay, needle_len, n_needles
 
 
@@ -123,9 +124,10 @@ def check(seq_len: int, kind: str, num_keys: int, num_digits: int, key_vocab: in
     if haystack == "needles":
         if n_needles - num_values + 1 > key_vocab ** key_len:
             raise ValueError(
-                f"a NIAH haystack of needles at seq_len={seq_len} holds {n_needles} needles "
-                f"of {n_needles - num_values + 1} distinct keys, more than key_vocab ** "
-                f"key_len = {key_vocab}^{key_len} = {key_vocab ** key_len}: raise key_len")
+                f"a NIAH haystack of needles at seq_len={seq_len} holds {n_needles} "
+                f"needles of {n_needles - num_values + 1} distinct keys, more than "
+                f"key_vocab ** key_len = {key_vocab}^{key_len} = {key_vocab ** key_len}: "
+                "raise key_len")
     elif kind == "multikey" and not 1 <= num_keys <= key_vocab ** key_len:
         raise ValueError(f"multikey NIAH needs num_keys >= 1 and enough distinct keys: "
                          f"num_keys={num_keys}, key_vocab={key_vocab}, key_len={key_len}")
@@ -165,9 +167,9 @@ def _keys(rng, count: int, key_vocab: int, key_len: int) -> np.ndarray:
     return np.stack([(flat // key_vocab ** j) % key_vocab for j in range(key_len)], 1)
 
 
-def generate(rng_or_seed, num_examples: int, seq_len: int, depth=None, kind: str = "passkey",
-             num_keys: int = 4, filler_tokens=None, base_vocab: int = 256,
-             filler_vocab: int | None = None, num_digits: int = 5, key_vocab: int = 64,
+def generate(rng_or_seed, num_examples: int, seq_len: int, depth=None,
+             kind: str = "passkey", num_keys: int = 4, filler_tokens=None,
+             base_vocab: int = 256, filler_vocab: int | None = None, num_digits: int = 5, key_vocab: int = 64,
              key_len: int = 1, haystack: str = "filler", num_values: int = 1) -> dict:
     """NIAH examples: dict(inputs, targets (N,T) int32, mask (N,T) float32,
     needle_pos (N,) int32 — where the (first) queried [NEEDLE] sits in the inputs —,
@@ -218,8 +220,8 @@ def generate(rng_or_seed, num_examples: int, seq_len: int, depth=None, kind: str
         mask[i, answer_start - 1:seq_len] = 1.0  # targets there are the answer digits
         value_pos[i] = starts
         answers[i] = digits
-    return {"inputs": seqs[:, :-1].astype(np.int32), "targets": seqs[:, 1:].astype(np.int32),
-            "mask": mask, "needle_pos": value_pos[:, 0].astype(np.int32),
+    return {"inputs": seqs[:, :-1].astype(np.int32),
+            "targets": seqs[:, 1:].astype(np.int32), "mask": mask, "needle_pos": value_pos[:, 0].astype(np.int32),
             "value_pos": value_pos.astype(np.int32),
             "digits": answers.astype(np.int32), "depth": depths.astype(np.float32)}
 
@@ -236,7 +238,8 @@ def _filler_haystack(rng, depth, kind, hay, needle_len, n_needles, V, num_keys, 
 
     With V = 1 the random calls are those of the generator before num_values existed
     (so the examples are bitwise the same)."""
-    digits = rng.integers(0, 10, size=(n_needles, num_digits))  # row j*V + v: key j, value v
+    # row j V + v: key j's value v
+    digits = rng.integers(0, 10, size=(n_needles, num_digits))
     if kind == "multikey":
         # distinct keys of key_len ids each; key 0 is the one queried
         keys = _keys(rng, num_keys, key_vocab, key_len)

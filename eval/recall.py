@@ -173,7 +173,8 @@ def niah_spec(dataset, kind: str | None = None) -> dict[str, Any]:
     comps = niah_components(dataset)
     if kind is not None and kind not in comps and kind not in niah.KINDS:
         raise ValueError(f"NIAH task {kind!r}: name one of this run's NIAH components "
-                         f"({', '.join(comps) or 'none'}) or a kind ({', '.join(niah.KINDS)})")
+                         f"({', '.join(comps) or 'none'}) or a kind "
+                         f"({', '.join(niah.KINDS)})")
     d = find_niah(dataset, kind if kind in comps else None)
     spec = {"kind": d.kind if kind is None or kind in comps else kind,
             "num_keys": int(d.num_keys), "num_digits": int(d.num_digits),

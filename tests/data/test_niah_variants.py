@@ -52,7 +52,8 @@ BEFORE = [
     (dict(seed=2, n=8, seq_len=256, depth=[0.0, 0.2, 0.5, 0.7, 1.0, 0.9, 0.1, 0.4],
           kind="multikey", num_keys=3, key_len=2, num_digits=7),
      "1525e554e9f6808126f8c6149dbffd3eefab42f52455f5be5478915924478c9e"),
-    (dict(seed=3, n=8, seq_len=96, depth=0.5, kind="passkey", filler="stream", num_digits=7),
+    (dict(seed=3, n=8, seq_len=96, depth=0.5, kind="passkey", filler="stream",
+          num_digits=7),
      "5b5724a0a08473c7fc670393ff577f52299bee5ec40cdcfe1ff0ffa224c87586"),
     (dict(seed=4, n=8, seq_len=160, depth=None, kind="multikey", num_keys=8,
           filler="stream", base_vocab=200, key_vocab=16),
@@ -79,7 +80,8 @@ def test_one_value_in_filler_draws_the_examples_it_drew_before(case, want, expli
     if explicit:
         c.update(haystack="filler", num_values=1)
     out = niah.generate(np.random.default_rng(seed), n, T, depth, **c)
-    assert digest(out, ("inputs", "targets", "mask", "needle_pos", "digits", "depth")) == want
+    keys = ("inputs", "targets", "mask", "needle_pos", "digits", "depth")
+    assert digest(out, keys) == want
     np.testing.assert_array_equal(out["value_pos"][:, 0], out["needle_pos"])
 
 
@@ -97,7 +99,8 @@ def test_the_dataset_with_default_keys_draws_the_batches_it_drew_before():
 
 
 # ----------------------------------------------------------------------------- MK-NIAH-2/3
-@pytest.mark.parametrize("key_len,num_digits,seq_len", [(2, 7, 300), (4, 16, 257), (1, 5, 64)])
+@pytest.mark.parametrize("key_len,num_digits,seq_len",
+                         [(2, 7, 300), (4, 16, 257), (1, 5, 64)])
 def test_a_haystack_of_needles(key_len, num_digits, seq_len):
     """MK-NIAH-2 (2-id keys, 7 digits) and -3 (4-id keys, 16 digits): after a preamble of
     H mod L filler tokens the haystack is nothing but needles, floor(H / L) of them, each
@@ -141,7 +144,8 @@ def test_needle_haystack_preamble_is_a_window_of_the_text():
 
 
 # ----------------------------------------------------------------------------- MV-NIAH
-@pytest.mark.parametrize("kind,num_keys", [("multikey", 1), ("multikey", 3), ("passkey", 1)])
+@pytest.mark.parametrize("kind,num_keys",
+                         [("multikey", 1), ("multikey", 3), ("passkey", 1)])
 def test_multi_value_needles_in_filler(kind, num_keys):
     """Every key in num_values needles with different draws; the first queried one at
     round(depth (H - V L)); the answer is the queried key's values in document order."""
@@ -161,7 +165,8 @@ def test_multi_value_needles_in_filler(kind, num_keys):
         keys = [k for _, k, _ in needles]
         assert all(keys.count(k) == V for k in keys) and len(set(keys)) == num_keys
         mine = [(p, v) for p, k, v in needles if k == asked]
-        assert [p for p, _ in mine] == sorted(p for p, _ in mine) == list(out["value_pos"][i])
+        starts = [p for p, _ in mine]
+        assert starts == sorted(starts) == list(out["value_pos"][i])
         assert mine[0][0] == int(round(d * (hay - V * L))) == out["needle_pos"][i]
         np.testing.assert_array_equal(answer, np.concatenate([v for _, v in mine]))
         check_mask_and_targets(out, i, V * D)
@@ -214,8 +219,8 @@ def test_seven_digit_values(kind):
     seq_len = 128
     hay = seq_len + 1 - L
     assert niah.layout(seq_len, kind, 4, 7, 2)[:2] == (hay, L)
-    out = niah.generate(np.random.default_rng(0), 100, seq_len, None, kind=kind, num_digits=7,
-                        key_len=2, base_vocab=BASE)
+    out = niah.generate(np.random.default_rng(0), 100, seq_len, None, kind=kind,
+                        num_digits=7, key_len=2, base_vocab=BASE)
     for i in range(100):
         seq = full(out, i)
         q, needles, asked, answer = parse(seq, key_len, 7)
@@ -236,7 +241,8 @@ def test_dataset_keys_determinism_and_vocab():
     assert (ds.haystack, ds.num_values) == ("needles", 2)
     assert ds.vocab_size == 256 + 12 + 64
     a = ds.batch(5, 8)
-    np.testing.assert_array_equal(a["inputs"], data.build(cfg, seed=3).batch(5, 8)["inputs"])
+    again = data.build(cfg, seed=3).batch(5, 8)
+    np.testing.assert_array_equal(a["inputs"], again["inputs"])
     assert not np.array_equal(a["inputs"], ds.batch(6, 8)["inputs"])
     assert not np.array_equal(a["inputs"], data.build(cfg, seed=4).batch(5, 8)["inputs"])
     assert not np.array_equal(a["inputs"], ds.batch(5, 8, "val")["inputs"])

@@ -36,10 +36,12 @@ def test_each_component_is_drawn_with_its_own_settings():
     want = {  # key ids per needle, answer digits, needles, haystack made of needles
         "passkey": (0, 5, 1, False), "passkey7": (0, 7, 1, False),
         "multikey": (1, 5, 4, False), "mv": (1, 28, 4, False),
-        "mk2": (2, 7, (SEQ + 1 - 10) // 10, True), "mk3": (4, 16, (SEQ + 1 - 21) // 21, True)}
+        "mk2": (2, 7, (SEQ + 1 - 10) // 10, True),
+        "mk3": (4, 16, (SEQ + 1 - 21) // 21, True)}
     for name, (key_len, answer, n_needles, all_needles) in want.items():
         spec = recall.niah_spec(ds, name)
-        assert spec["key_len"] == (key_len or 1) and spec["num_digits"] * spec["num_values"] == answer
+        assert spec["key_len"] == (key_len or 1)
+        assert spec["num_digits"] * spec["num_values"] == answer
         ex = recall.niah_generate(ds, SEQ, 0.5, 6, seed=1, kind=name)
         assert ex["inputs"].shape == (6, SEQ)
         assert (ex["mask"].sum(1) == answer).all(), name
@@ -53,7 +55,7 @@ def test_each_component_is_drawn_with_its_own_settings():
             assert ((keys >= key0) & (keys < key0 + 64)).all()
             if all_needles:
                 L = 1 + key_len + answer
-                lead = (q % L)
+                lead = q % L
                 np.testing.assert_array_equal(starts, lead + L * np.arange(n_needles))
     # a kind, not a component, as before: the first component's settings with that kind
     spec = recall.niah_spec(ds, "passkey")  # a component of that name wins
@@ -127,10 +129,11 @@ def test_ruler_variant_intervals_and_mixture():
     assert len(cfg["seeds"]) >= 3
     train = load_compare_config("compare_niah", "train_ruler")["data"]
     comps = train["components"]
-    assert list(cfg["eval"]["kinds"]) == [k for k in
-                                         ("passkey", "multikey", "passkey7", "mk2", "mk3", "mv")]
+    assert list(cfg["eval"]["kinds"]) == ["passkey", "multikey", "passkey7", "mk2", "mk3",
+                                          "mv"]
     assert set(cfg["eval"]["kinds"]) <= set(comps)
-    assert comps["text"]["weight"] == sum(c["weight"] for k, c in comps.items() if k != "text")
+    needles = [c for k, c in comps.items() if k != "text"]
+    assert comps["text"]["weight"] == sum(c["weight"] for c in needles)
     for k in cfg["eval"]["kinds"]:
         c = comps[k]
         answer = c.get("num_digits", 5) * c.get("num_values", 1)
@@ -141,7 +144,8 @@ def test_ruler_variant_intervals_and_mixture():
         ex = recall.niah_generate(ds, longest, 0.3, 1, seed=0, kind=k)
         assert ex["inputs"].shape == (1, longest)
     tiny = load_compare_config("compare_niah", "ruler_tiny")
-    assert tiny["eval"]["niah"]["num_examples"] <= 8 and tiny["overrides"]["train"]["steps"] <= 5
+    assert tiny["eval"]["niah"]["num_examples"] <= 8
+    assert tiny["overrides"]["train"]["steps"] <= 5
     assert tuple(tiny["eval"]["kinds"]) == tuple(cfg["eval"]["kinds"])
 
 
