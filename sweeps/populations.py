@@ -14,14 +14,19 @@ tables, the plots and publishing read a population sweep as they read any other.
 `train_wall_s` of a member is its population's wall time, shared by `population.members`
 runs.
 
-Resuming: a second invocation skips runs with done.json and trains the rest of each
-cell as one population, which resumes its members from their checkpoints. Members of one
+Stopping and resuming, as sweeps.runner does for a run: SIGINT/SIGTERM to the sweep is
+passed to the population in progress (a subprocess through runner's child guard, or
+in-process through training.population's own handler): every member saves, the sweep
+writes its tables and stops with SweepInterrupted. A second invocation skips runs with
+done.json and trains the rest of each cell as one population, which resumes its members
+from their checkpoints. Members of one
 cell at different steps (a grid or --only changed between invocations) cannot share a
 population (they would have to step together): they are trained as one population per
 step they stand at, largest step first. --shard splits the grid by cells.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pathlib
@@ -128,26 +133,40 @@ def population_command(cfg: Mapping, overrides: Mapping, cell_dir: str, lrs, see
     return cmd
 
 
-def train_subprocess(cfg: Mapping, cmd: list[str], log_path: str, n_members: int) -> None:
-    """Runs the population command, its output appended to `log_path`; train_timeout_s
-    is per training process (a population of any size)."""
+def train_subprocess(cfg: Mapping, cmd: list[str], log_path: str, name: str,
+                     python: str) -> None:
+    """Runs the population command as sweeps.runner runs train.py: through its child
+    guard (the population never outlives the sweep), in its own process group, output
+    appended to `log_path`; a signal to the sweep reaches it (every member saves) and
+    SweepInterrupted follows; past train_timeout_s (per training process: a population
+    of any size) it gets SIGTERM, then SIGKILL."""
     from sweeps import runner
 
+    stop = runner._STOP
     with open(log_path, "a") as logf:
         logf.write("$ " + " ".join(cmd) + "\n")
         logf.flush()
-        proc = subprocess.run(cmd, cwd=grid.ROOT, stdout=logf, stderr=subprocess.STDOUT,
-                              timeout=cfg.get("train_timeout_s") or None,
-                              env=runner._child_env(cfg))
-    if proc.returncode in (128 + signal.SIGINT, 128 + signal.SIGTERM):
-        # stopped by a signal (a Ctrl-C reaches the whole process group): the members
-        # saved; the sweep stops too, and the same command resumes them
-        raise KeyboardInterrupt(f"population stopped by signal {proc.returncode - 128}; "
-                                "its members saved their checkpoints")
+        guarded = [python, str(runner.CHILD_GUARD), str(os.getpid())] + cmd
+        proc = subprocess.Popen(guarded, cwd=grid.ROOT, stdout=logf,
+                                stderr=subprocess.STDOUT, env=runner._child_env(cfg),
+                                process_group=0)
+        if stop is not None:
+            stop.child, stop.run = proc, f"population {name}"
+        try:
+            runner._wait(proc, cfg.get("train_timeout_s") or None, logf)
+        finally:
+            if stop is not None:
+                stop.child = None
+            if proc.poll() is None:  # the sweep stops at once (second signal, error)
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+    if stop is not None and stop.signum is not None:
+        raise runner.SweepInterrupted(stop.signum, f"population {name}")
     if proc.returncode != 0:
         tail = pathlib.Path(log_path).read_text()[-1500:]
-        raise RuntimeError(f"the population of {n_members} exited with {proc.returncode}; "
-                           f"end of {log_path}:\n{tail}")
+        raise RuntimeError(f"the population exited with {proc.returncode}; end of "
+                           f"{log_path}:\n{tail}")
 
 
 def train_inprocess(cfg: Mapping, overrides: Mapping, cell_dir: str, lrs, seeds) -> None:
@@ -159,12 +178,10 @@ def train_inprocess(cfg: Mapping, overrides: Mapping, cell_dir: str, lrs, seeds)
     if "logging.progress" not in overrides and "progress" in config.logging:
         config.logging.progress = False  # the sweep has its own bar
     try:
-        population.train_population(config, cell_dir, lrs, seeds)
+        population.train_population(config, cell_dir, lrs, seeds)  # its own handler
     except loop.Interrupted as e:
-        interrupted = getattr(runner, "SweepInterrupted", None)
-        if interrupted is not None:
-            raise interrupted(e.signum, os.path.basename(cell_dir)) from None
-        raise KeyboardInterrupt(f"{os.path.basename(cell_dir)}: {e}") from e
+        raise runner.SweepInterrupted(
+            e.signum, f"population {os.path.basename(cell_dir)}") from None
 
 
 def diverged(cell_dir: str) -> dict[str, int]:
@@ -223,10 +240,14 @@ def sweep(cfg: Mapping[str, Any], workdir: str, *, python: str = sys.executable,
     bar = tqdm(total=len(mine), initial=len(mine) - len(todo), desc="sweep", unit="run",
                disable=not progress)
     try:
-        run_cells(cfg, todo, workdir, python=python, deadline=deadline,
-                  max_wall_s=max_wall_s, log=bar.write, done=lambda r: bar.update(1),
-                  keep_record=runner.keep_record,
-                  write_outputs=lambda: outputs.write_outputs(cfg, full, workdir))
+        with runner._signals_passed_on():  # Ctrl-C / SIGTERM: the population saves
+            run_cells(cfg, todo, workdir, python=python, deadline=deadline,
+                      max_wall_s=max_wall_s, log=bar.write, done=lambda r: bar.update(1),
+                      keep_record=runner.keep_record,
+                      write_outputs=lambda: outputs.write_outputs(cfg, full, workdir))
+    except runner.SweepInterrupted:
+        outputs.write_outputs(cfg, full, workdir)  # what finished is in the tables
+        raise
     finally:
         bar.close()
     return outputs.write_outputs(cfg, full, workdir)
@@ -263,7 +284,7 @@ def _run_group(cfg, cell, members, workdir, python, log, done, keep_record) -> N
         else:
             cmd = population_command(cfg, cell["overrides"], cell_dir, lrs, seeds, python)
             train_subprocess(cfg, cmd, os.path.join(cell_dir, "population.log"),
-                             len(members))
+                             cell["name"], python)
     except Exception as e:  # noqa: BLE001 (one failed population must not stop the sweep)
         for r in members:
             run_dir = os.path.join(workdir, r["name"])

@@ -184,7 +184,8 @@ def test_the_recipes_hold_zoologys_numbers():
 def test_based_tiny_population_sweep_equals_separate_runs(tmp_path):
     """The Based-era recipe's machinery end to end, 2 lrs x 2 seeds: the mixture of
     settings, the seven-setting-style settings_mean, the state at eval.state_seq_len, the
-    scatter with its reference points, separate runs against one population.
+    scatter with its reference points, separate runs (in-process) against one population
+    (python -m training.population in a subprocess).
 
     The head is untied here: with Zoology's tied head, a member's first AdamW steps
     differ from its separate run's by more than float32 rounding (measured: eval loss
@@ -198,7 +199,11 @@ def test_based_tiny_population_sweep_equals_separate_runs(tmp_path):
     cfg["seeds"] = [0, 1]
     cfg["overrides"]["model"] = {"tie_embeddings": False}
     sep = runner.sweep(cfg, str(tmp_path / "sep"), progress=False)
-    pop = runner.sweep(dict(cfg, population=True), str(tmp_path / "pop"), progress=False)
+    # the population through its CLI in a subprocess, as the GPU variants run it
+    pop = runner.sweep(dict(cfg, population=True, runner="subprocess"),
+                       str(tmp_path / "pop"), progress=False)
+    log = (tmp_path / "pop" / "mixture__gated_deltanet__d16" / "population.log").read_text()
+    assert log.startswith("$ ") and "-m training.population" in log.splitlines()[0]
     assert [r["run"] for r in pop] == [r["run"] for r in sep] and len(sep) == 4
     for a, b in zip(sep, pop):
         _same_record(a, b)
