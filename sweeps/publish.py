@@ -12,6 +12,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import re
 import shutil
 
 
@@ -21,10 +22,7 @@ def incomplete_runs(sweep_dir: str) -> list[dict]:
     from sweeps.tasks import read_train_log
 
     out = []
-    for run in sorted(os.listdir(sweep_dir)):
-        d = os.path.join(sweep_dir, run)
-        if not os.path.isdir(d) or os.path.isfile(os.path.join(d, "done.json")):
-            continue
+    for run, d in _run_dirs(sweep_dir):
         logged = read_train_log(d)
         if not logged:
             continue
@@ -36,6 +34,33 @@ def incomplete_runs(sweep_dir: str) -> list[dict]:
                 except (json.JSONDecodeError, TypeError, ValueError):
                     pass
         out.append({"run": run, "last_step": max(steps) if steps else None, **logged})
+    return out
+
+
+def _run_dirs(sweep_dir: str) -> list[tuple[str, str]]:
+    """(name, directory) of every run that trained in the sweep and has no done.json: a
+    run's own directory, or a population member's (CELL/lr.._seed.., sweeps.populations),
+    whose record is done when some run's done.json names it as its member_dir."""
+    names = sorted(n for n in os.listdir(sweep_dir)
+                   if os.path.isdir(os.path.join(sweep_dir, n)))
+    recorded = set()
+    for n in names:
+        done = os.path.join(sweep_dir, n, "done.json")
+        if os.path.isfile(done):
+            with open(done) as f:
+                recorded.add(json.load(f).get("member_dir"))
+    out = []
+    for n in names:
+        d = os.path.join(sweep_dir, n)
+        if os.path.isfile(os.path.join(d, "done.json")):
+            continue
+        members = [m for m in sorted(os.listdir(d)) if re.fullmatch(r"lr.+_seed-?\d+", m)
+                   and os.path.isfile(os.path.join(d, m, "metrics.jsonl"))]
+        if members:  # a population's cell
+            out += [(f"{n}/{m}", os.path.join(d, m)) for m in members
+                    if f"{n}/{m}" not in recorded]
+        else:
+            out.append((n, d))
     return out
 
 

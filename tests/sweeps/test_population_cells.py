@@ -87,6 +87,24 @@ def test_a_second_invocation_trains_nothing(population_sweep):
     assert all(os.path.getmtime(workdir / n / "done.json") == t for n, t in before.items())
 
 
+def test_publish_lists_a_member_without_its_record(population_sweep, tmp_path):
+    """A member stopped before its done.json shows up among publish's incomplete runs
+    under CELL/member, with its logged curve; recorded members do not."""
+    import shutil
+
+    from sweeps import publish
+
+    _, workdir, records = population_sweep
+    wd = tmp_path / "copy"
+    shutil.copytree(workdir, wd)
+    assert publish.incomplete_runs(str(wd)) == []
+    os.remove(wd / records[0]["run"] / "done.json")
+    (got,) = publish.incomplete_runs(str(wd))
+    assert got["run"] == records[0]["member_dir"] == "T32_kv2__softmax__d16/lr0.001_seed0"
+    assert got["last_step"] == 3
+    assert [list(p) for p in got["curve"]] == records[0]["metrics"]["curve"]
+
+
 def test_cells_shards_and_groups(tmp_path):
     from sweeps import grid, populations
 
