@@ -1,9 +1,9 @@
 """Zoology's MQAR protocol as sweeps: every mixer after a BaseConv layer, three widths,
 Zoology's four lrs, three seeds; each point the best lr's mean with a 95% interval.
 
-    python -m sweeps.run --config=configs/compare_mqar_zoology.py:paper --workdir=runs/zoo_paper
-    python -m sweeps.run --config=configs/compare_mqar_zoology.py:based --workdir=runs/zoo_based
-    python -m sweeps.run --config=configs/compare_mqar_zoology.py:tiny --workdir=/tmp/zt  # CPU
+    python -m sweeps.run --config=configs/compare_mqar_zoology.py:paper --workdir=runs/zp
+    python -m sweeps.run --config=configs/compare_mqar_zoology.py:based --workdir=runs/zb
+    python -m sweeps.run --config=configs/compare_mqar_zoology.py:tiny --workdir=/tmp/z  # CPU
     python -m sweeps.run --config=configs/compare_mqar_zoology.py:based_tiny --workdir=...
 
 `paper`: the Zoology paper's recipe (configs/mqar_zoology_paper.py): train and test at

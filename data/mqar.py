@@ -114,7 +114,8 @@ def parse_settings(kv, seq_len: int) -> list[tuple[int, int, float]] | None:
     [(seq_len, kv, weight)] (weight 1 when left out); None for an int or a list of ints
     (every row at data.seq_len). ValueError for a setting longer than data.seq_len, a
     weight that is not a positive number, or a mix of both forms."""
-    if not isinstance(kv, (list, tuple)) or not any(isinstance(k, (list, tuple)) for k in kv):
+    if not (isinstance(kv, (list, tuple))
+            and any(isinstance(k, (list, tuple)) for k in kv)):
         return None
     out = []
     for k in kv:
@@ -125,10 +126,11 @@ def parse_settings(kv, seq_len: int) -> list[tuple[int, int, float]] | None:
         t, n = int(k[0]), int(k[1])
         w = float(k[2]) if len(k) == 3 else 1.0
         if t > seq_len:
-            raise ValueError(f"MQAR setting {list(k)}: its seq_len {t} exceeds data.seq_len "
-                             f"{seq_len}, the row length it is padded to")
+            raise ValueError(f"MQAR setting {list(k)}: its seq_len {t} exceeds "
+                             f"data.seq_len {seq_len}, the row length it is padded to")
         if not (np.isfinite(w) and w > 0):
-            raise ValueError(f"MQAR setting {list(k)}: weight {w} must be a positive number")
+            raise ValueError(f"MQAR setting {list(k)}: weight {w} must be a positive "
+                             "number")
         out.append((t, n, w))
     return out
 

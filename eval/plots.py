@@ -82,7 +82,8 @@ def recall_vs_state(points: Sequence[dict], path: str, metric_label: str = "MQAR
     for ax, setting in zip(axes[0], settings):
         for m in mixers:
             pts = sorted((p["state_size"], p["value"], p.get("half", math.nan))
-                         for p in by_setting[setting] if p["mixer"] == m and p["state_size"])
+                         for p in by_setting[setting]
+                         if p["mixer"] == m and p["state_size"])
             if pts:
                 xs, ys, hs = zip(*pts)
                 if any(math.isfinite(h) for h in hs):

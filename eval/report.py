@@ -224,7 +224,8 @@ def settings_table(best: dict, task: str = "mqar") -> str:
         for p in per:
             names += [n for n in p if n not in names]
         means = {n: _mean([p.get(n) for p in per]) for n in names}
-        iv = intervals.mean_interval(r["metrics"].get("settings_mean") for r in b["records"])
+        iv = intervals.mean_interval(r["metrics"].get("settings_mean")
+                                     for r in b["records"])
         rows.append((mixer, size, setting, b["lr"], means, iv))
     if not rows:
         return ""

@@ -78,7 +78,8 @@ def check_config(cfg: Mapping) -> None:
         raise ValueError("population: True needs the sweep's `lrs` (one or more)")
 
 
-def select(full: list[dict], cfg: Mapping, only: str = "", shard: str = "0/1") -> list[dict]:
+def select(full: list[dict], cfg: Mapping, only: str = "",
+           shard: str = "0/1") -> list[dict]:
     """The runs one invocation takes: those whose name contains a part of `only` (all
     when empty), then every n-th CELL of those from the i-th (shard "i/n"), so that no
     cell is split between processes."""
@@ -233,8 +234,9 @@ def sweep(cfg: Mapping[str, Any], workdir: str, *, python: str = sys.executable,
     todo = [r for r in mine
             if not os.path.isfile(os.path.join(workdir, r["name"], "done.json"))]
     n_cells = len(cells(todo, cfg))
-    print(f"sweep: {len(mine)} runs in {len(cells(mine, cfg))} populations ({cfg['task']}), "
-          f"{len(todo)} runs in {n_cells} to train", file=sys.stderr, flush=True)
+    print(f"sweep: {len(mine)} runs in {len(cells(mine, cfg))} populations "
+          f"({cfg['task']}), {len(todo)} runs in {n_cells} to train", file=sys.stderr,
+          flush=True)
     from tqdm import tqdm
 
     bar = tqdm(total=len(mine), initial=len(mine) - len(todo), desc="sweep", unit="run",
@@ -255,8 +257,8 @@ def sweep(cfg: Mapping[str, Any], workdir: str, *, python: str = sys.executable,
 
 def run_cells(cfg: Mapping, todo: list[dict], workdir: str, *, python: str,
               deadline: float | None, max_wall_s: float, log,
-              done: Callable[[dict], None], keep_record: Callable[[str, str, Mapping], None],
-              write_outputs: Callable[[], Any]) -> None:
+              done: Callable[[dict], None],
+              keep_record: Callable[[str, str, Mapping], None], write_outputs: Callable[[], Any]) -> None:
     """Trains the unfinished runs `todo` cell by cell, one population per group
     (groups()), then measures and records each member. `done(run)` is called once per
     run recorded (the progress bar); keep_record / write_outputs: sweeps.runner's and

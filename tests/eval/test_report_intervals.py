@@ -110,7 +110,8 @@ def test_scatter_has_numbers_and_bytes_axes_error_bars_and_panel_references(
     assert [ax.get_title() for ax in main] == ["mixture", "T256_kv16"]
     for ax in main:
         assert ax.get_xlabel() == "decode state size (numbers per sequence)"
-        (top,) = [c for c in ax.child_axes if c.get_xlabel().startswith("state size (bytes")]
+        (top,) = [c for c in ax.child_axes
+                  if c.get_xlabel().startswith("state size (bytes")]
         # the top axis is the bottom one x 4
         assert top.get_xlim() == pytest.approx(tuple(4 * x for x in ax.get_xlim()))
         stars = {(line.get_xdata()[0], line.get_ydata()[0]): line.get_label()
