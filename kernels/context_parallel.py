@@ -78,6 +78,11 @@ not split (its mask would be drawn per device): those calls go to kernels.ops.
 
 Not split, kernels.ops instead (exact, XLA partitions them): T not a multiple of the
 number of devices, attention with dropout, a short conv with c - 1 > T / n.
+
+On GPU/TPU the local op is the Pallas kernel for 16-bit inputs, with V + K value columns
+for the delta rule (Dv + 1 with the normaliser), padded to the next tiled width: K = V =
+128 runs at 256; past the widest tile (K + V > 256) impl="auto" takes the chunk form
+there, impl="pallas" raises NotImplementedError.
 """
 from __future__ import annotations
 
