@@ -56,8 +56,14 @@ def cli_args(config_overrides: dict, workdir) -> list[str]:
 
 
 def env(**extra):
+    """The environment of a train.py subprocess: the test session's XLA flags (see
+    tests/conftest.py) before any `XLA_FLAGS` given here, none of the caller's."""
+    from tests.conftest import TEST_XLA_FLAGS
     e = dict(os.environ)
     e.pop("XLA_FLAGS", None)
+    flags = " ".join(f for f in (TEST_XLA_FLAGS, extra.pop("XLA_FLAGS", "")) if f)
+    if flags:
+        e["XLA_FLAGS"] = flags
     e["PYTHONPATH"] = str(ROOT)
     e["WANDB_MODE"] = "disabled"
     e.update(extra)
