@@ -17,9 +17,10 @@ elsewhere.
 from __future__ import annotations
 
 import json
-import os
 import pathlib
 from typing import Any, Sequence
+
+from data.store import write_atomic_bytes
 
 FILE = "tokenizer.json"
 SENTENCEPIECE_FILE = "tokenizer.model"
@@ -64,23 +65,14 @@ def save(workdir, tokenizer) -> pathlib.Path:
     if cfg["kind"] == "sentencepiece":
         src = pathlib.Path(cfg["model_file"])
         if src.resolve() != (workdir / SENTENCEPIECE_FILE).resolve():
-            _write_atomic(workdir / SENTENCEPIECE_FILE, src.read_bytes())
+            write_atomic_bytes(workdir / SENTENCEPIECE_FILE, src.read_bytes())
         cfg = dict(cfg, model_file=SENTENCEPIECE_FILE)
     elif cfg["kind"] == "hf" and getattr(base, "_fast", False):
-        _write_atomic(workdir / HF_FILE, base._tok.to_str().encode())
+        write_atomic_bytes(workdir / HF_FILE, base._tok.to_str().encode())
         cfg = dict(cfg, file=HF_FILE)
     record = {"tokenizer": cfg, "specials": specials, "identity": identity(tokenizer)}
-    _write_atomic(workdir / FILE, (json.dumps(record, indent=1) + "\n").encode())
+    write_atomic_bytes(workdir / FILE, (json.dumps(record, indent=1) + "\n").encode())
     return workdir / FILE
-
-
-def _write_atomic(target: pathlib.Path, data: bytes) -> None:
-    tmp = target.with_name(target.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, target)
 
 
 def read(workdir) -> dict | None:
