@@ -26,12 +26,9 @@ step they stand at, largest step first. --shard splits the grid by cells.
 """
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pathlib
-import signal
-import subprocess
 import sys
 import time
 from typing import Any, Callable, Mapping
@@ -136,38 +133,15 @@ def population_command(cfg: Mapping, overrides: Mapping, cell_dir: str, lrs, see
 
 def train_subprocess(cfg: Mapping, cmd: list[str], log_path: str, name: str,
                      python: str) -> None:
-    """Runs the population command as sweeps.runner runs train.py: through its child
-    guard (the population never outlives the sweep), in its own process group, output
-    appended to `log_path`; a signal to the sweep reaches it (every member saves) and
-    SweepInterrupted follows; past train_timeout_s (per training process: a population
-    of any size) it gets SIGTERM, then SIGKILL."""
+    """Runs the population command as sweeps.runner runs train.py (runner.run_guarded):
+    through its child guard (the population never outlives the sweep), in its own
+    process group, output appended to `log_path`; a signal to the sweep reaches it
+    (every member saves) and SweepInterrupted follows; past train_timeout_s (per
+    training process: a population of any size) it gets SIGTERM, then SIGKILL."""
     from sweeps import runner
 
-    stop = runner._STOP
-    with open(log_path, "a") as logf:
-        logf.write("$ " + " ".join(cmd) + "\n")
-        logf.flush()
-        guarded = [python, str(runner.CHILD_GUARD), str(os.getpid())] + cmd
-        proc = subprocess.Popen(guarded, cwd=grid.ROOT, stdout=logf,
-                                stderr=subprocess.STDOUT, env=runner._child_env(cfg),
-                                process_group=0)
-        if stop is not None:
-            stop.child, stop.run = proc, f"population {name}"
-        try:
-            runner._wait(proc, cfg.get("train_timeout_s") or None, logf)
-        finally:
-            if stop is not None:
-                stop.child = None
-            if proc.poll() is None:  # the sweep stops at once (second signal, error)
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-    if stop is not None and stop.signum is not None:
-        raise runner.SweepInterrupted(stop.signum, f"population {name}")
-    if proc.returncode != 0:
-        tail = pathlib.Path(log_path).read_text()[-1500:]
-        raise RuntimeError(f"the population exited with {proc.returncode}; end of "
-                           f"{log_path}:\n{tail}")
+    runner.run_guarded(cfg, cmd, log_path, f"population {name}", python,
+                       what="the population")
 
 
 def train_inprocess(cfg: Mapping, overrides: Mapping, cell_dir: str, lrs, seeds) -> None:

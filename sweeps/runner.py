@@ -120,9 +120,19 @@ def train_subprocess(cfg: Mapping, run: Mapping, run_dir: str, python: str) -> N
     """`python train.py ...` for one run, output appended to RUN_DIR/train.log. The child
     has its own process group and dies with the sweep; a signal to the sweep reaches it
     through _Stop (it saves, and SweepInterrupted follows)."""
-    cmd = grid.train_command(cfg, run, run_dir, python)
+    run_guarded(cfg, grid.train_command(cfg, run, run_dir, python),
+                os.path.join(run_dir, "train.log"), run["name"], python, what="train.py")
+
+
+def run_guarded(cfg: Mapping, cmd: list[str], log_path: str, name: str, python: str, *,
+                what: str) -> None:
+    """Runs a training command (train.py, a population) for the sweep: through the child
+    guard (it never outlives the sweep), in its own process group, output appended to
+    `log_path`; a signal to the sweep reaches it through _Stop (it saves) and
+    SweepInterrupted(name) follows; past train_timeout_s it gets SIGTERM, then SIGKILL;
+    a non-zero exit is a RuntimeError quoting the log's end (`what` names the program)."""
     stop = _STOP
-    with open(os.path.join(run_dir, "train.log"), "a") as logf:
+    with open(log_path, "a") as logf:
         logf.write("$ " + " ".join(cmd) + "\n")
         logf.flush()
         timeout = cfg.get("train_timeout_s") or None
@@ -131,7 +141,7 @@ def train_subprocess(cfg: Mapping, run: Mapping, run_dir: str, python: str) -> N
                                 stderr=subprocess.STDOUT, env=_child_env(cfg),
                                 process_group=0)
         if stop is not None:
-            stop.child, stop.run = proc, run["name"]
+            stop.child, stop.run = proc, name
         try:
             _wait(proc, timeout, logf)
         finally:
@@ -142,11 +152,11 @@ def train_subprocess(cfg: Mapping, run: Mapping, run_dir: str, python: str) -> N
                     os.killpg(proc.pid, signal.SIGKILL)
                 proc.wait()
     if stop is not None and stop.signum is not None:
-        raise SweepInterrupted(stop.signum, run["name"])
+        raise SweepInterrupted(stop.signum, name)
     if proc.returncode != 0:
-        tail = pathlib.Path(run_dir, "train.log").read_text()[-1500:]
-        raise RuntimeError(f"train.py exited with {proc.returncode}; end of "
-                           f"{run_dir}/train.log:\n{tail}")
+        tail = pathlib.Path(log_path).read_text()[-1500:]
+        raise RuntimeError(f"{what} exited with {proc.returncode}; end of "
+                           f"{log_path}:\n{tail}")
 
 
 def _wait(proc: subprocess.Popen, timeout: float | None, logf) -> None:
