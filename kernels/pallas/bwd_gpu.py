@@ -22,7 +22,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels.pallas import common, fwd_gpu, tiles
+from kernels.pallas import common, tiles
 from kernels.pallas.plan import Config, dims, sequential_params
 
 GRADS_STAGES = 1  # the gradient kernel reads each tile once: nothing to pipeline
@@ -150,8 +150,8 @@ def backward(w, ut, q, k, p, gcl, gam, gkey, h, do, dst, bounds, cfg: Config, u=
         [gkey] if has_key else [])
 
     seq = common.sequence_specs(nh, tp, n)
-    grid, bounds_specs, bounds_args = fwd_gpu.grid_and_bounds(b, nh, vdim // bv, bounds,
-                                                              cfg)
+    grid, bounds_specs, bounds_args = common.sequential_grid(b, nh, vdim // bv, bounds,
+                                                             cfg.pieces)
     du, dh, ds0 = pl.pallas_call(
         functools.partial(_dstate_kernel, has_w=has_w, has_g=has_g, has_key=has_key,
                           chunk=c, num_chunks=n, pieces=cfg.pieces),

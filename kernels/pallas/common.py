@@ -185,10 +185,14 @@ def sequence_specs(h: int, tp: int, num_chunks: int) -> SequenceSpecs:
                                           lambda bi, hi, j, *_: (row(bi, hi), 0, 0, j)))
 
 
-def piece_bounds_spec(size: int):
-    """The (B, size) piece bounds' row of one batch entry, on the grid (B, H, value
-    blocks, pieces)."""
-    return pl.BlockSpec((None, size), lambda bi, hi, j, p: (bi, 0))
+def sequential_grid(b: int, h: int, value_blocks: int, bounds, pieces: int):
+    """A sequential kernel's grid (B, H, value blocks[, pieces]), and the piece bounds'
+    BlockSpecs and arguments to append to its inputs (none for one piece): each program
+    reads its batch entry's (B, Q) row of kernels.pallas.documents.piece_bounds."""
+    if pieces == 1:
+        return (b, h, value_blocks), [], []
+    spec = pl.BlockSpec((None, bounds.shape[1]), lambda bi, hi, j, p: (bi, 0))
+    return (b, h, value_blocks, pieces), [spec], [bounds]
 
 
 def piece_walk(bounds_ref, pieces: int, reverse: bool = False):

@@ -75,14 +75,6 @@ def _loop_kernel(*refs, has_w, has_g, has_key, chunk, num_chunks, pieces):
     walk(s0_ref, bounds_ref, st_ref, body, carry, num_chunks=num_chunks, pieces=pieces)
 
 
-def grid_and_bounds(b, h, nv, bounds, cfg: Config):
-    """The sequential kernels' grid, and the piece bounds' spec and argument (none for
-    one piece)."""
-    if cfg.pieces == 1:
-        return (b, h, nv), [], []
-    return (b, h, nv, cfg.pieces), [common.piece_bounds_spec(bounds.shape[1])], [bounds]
-
-
 def forward(w, ut, q, k, p, gcl, gam, gkey, s0, bounds, cfg: Config):
     """(O (B, Tp, H, V) in cfg.out_dtype, final state (BH, K, V) float32) by one
     sequential kernel; arguments as recurrence.chunk_recurrence."""
@@ -92,7 +84,7 @@ def forward(w, ut, q, k, p, gcl, gam, gkey, s0, bounds, cfg: Config):
     spec = common.sequence_specs(h, tp, n)
     args = ([w] if has_w else []) + [ut, q, k, p, gcl] + ([gam] if has_g else []) + (
         [gkey] if has_key else []) + [s0]
-    grid, bounds_specs, bounds_args = grid_and_bounds(b, h, vdim // bv, bounds, cfg)
+    grid, bounds_specs, bounds_args = common.sequential_grid(b, h, vdim // bv, bounds, cfg.pieces)
     return pl.pallas_call(
         functools.partial(_loop_kernel, has_w=has_w, has_g=has_g, has_key=has_key, chunk=c,
                           num_chunks=n, pieces=cfg.pieces),
@@ -176,7 +168,7 @@ def forward_saving(w, ut, q, k, p, gcl, gam, gkey, s0, bounds, cfg: Config):
         out_shape.append(jax.ShapeDtypeStruct((b * nh, tp, vdim), dt))
     args = ([w] if has_w else []) + [ut, k, gcl] + ([gam] if has_g else []) + (
         [gkey] if has_key else []) + [s0]
-    grid, bounds_specs, bounds_args = grid_and_bounds(b, nh, vdim // bv, bounds, cfg)
+    grid, bounds_specs, bounds_args = common.sequential_grid(b, nh, vdim // bv, bounds, cfg.pieces)
     st, h, *rest = pl.pallas_call(
         functools.partial(_state_kernel, has_w=has_w, has_g=has_g, has_key=has_key,
                           chunk=c, num_chunks=n, pieces=cfg.pieces),
