@@ -33,7 +33,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
-import logging
 import pathlib
 import sys
 from typing import Any, Callable, NamedTuple
@@ -193,26 +192,16 @@ def _subset_step(loss_fn, trainable: list[str], tx):
 
 def _restore(ckpt, spec: _Spec, patience: int, is_main: bool):
     """(state, meta) of the newest checkpoint that passes its checks (damaged newer ones
-    set aside and named, as training.loop does); TrainingError if none can be read."""
-    damaged = []
-    for step in ckpt.all_steps()[::-1]:
-        try:
-            with checkpoint.orbax_records_hidden(logging.WARNING):
-                ckpt.check_compatible(step, spec.shapes, spec.config.model.to_dict())
-                params, opt_state, meta = ckpt.restore(step, spec.params, spec.opt)
-        except checkpoint.CheckpointDamaged as e:
-            damaged.append(e)
-            continue
-        for e in damaged:
-            moved = ckpt.set_aside(e.step)
-            if is_main:
-                print(f"{e}; moved to {moved}; resuming from step {step}", file=sys.stderr,
-                      flush=True)
-        return loop._State(params, opt_state, step,
-                           loop._EarlyStop(patience, meta.get("early_stop"))), meta
-    raise loop.TrainingError(f"no checkpoint in {ckpt.directory} can be read: " + "; ".join(
-        f"step {e.step}: {e.reason}" for e in damaged) + ". Move the damaged steps away or "
-        "use another --workdir.")
+    set aside and named: training.loop.restore_newest); TrainingError if none can be
+    read."""
+    def read(step):
+        ckpt.check_compatible(step, spec.shapes, spec.config.model.to_dict())
+        return ckpt.restore(step, spec.params, spec.opt)
+
+    step, (params, opt_state, meta) = loop.restore_newest(ckpt, ckpt.all_steps()[::-1],
+                                                          read, is_main)
+    return loop._State(params, opt_state, step,
+                       loop._EarlyStop(patience, meta.get("early_stop"))), meta
 
 
 def _run_stage(spec: _Spec, dataset, mesh) -> tuple[dict, dict]:

@@ -219,17 +219,32 @@ def _restore_or_init(ckpt, model: runtime.Model, layout: runtime.Layout, patienc
         return _State(params, opt_state, 0, _EarlyStop(patience)), rest, None
     params, rest = model_state.init_sharded(model.make, layout.params, layout.replicated)
     del params  # freed before the checkpoint's arrays take their place
+
+    def read(step):
+        ckpt.check_compatible(step, model.shapes, model_section)
+        # In the checkpoint's layout, converted if scan_layers changed (param_layout).
+        return param_layout.restore(ckpt, step, _placed(model.params, layout.params),
+                                    _placed(model.opt_state, layout.opt_state))
+
+    step, (params, opt_state, meta) = restore_newest(ckpt, candidates, read, is_main)
+    if int(meta.get("data_position", step)) != step:
+        raise TrainingError(f"checkpoint {step} has data position {meta['data_position']}")
+    early = _EarlyStop(patience, meta.get("early_stop"))
+    return _State(params, opt_state, step, early), rest, meta
+
+
+def restore_newest(ckpt, steps, read, is_main: bool):
+    """(step, read(step)) for the first of `steps` (newest first) whose read passes its
+    checks; read raises checkpoint.CheckpointDamaged for a damaged step. Newer damaged
+    steps are named (one line each) and set aside once a good one is found, so that the
+    run's next saves do not meet them; if every step is damaged nothing is moved and
+    TrainingError names them all."""
     damaged = []
-    for step in candidates:
+    for step in steps:
         try:
             # Orbax's warnings about a damaged step's files: it is named below instead.
             with checkpoint.orbax_records_hidden(logging.WARNING):
-                ckpt.check_compatible(step, model.shapes, model_section)
-                # In the checkpoint's layout, converted if scan_layers changed
-                # (param_layout).
-                params, opt_state, meta = param_layout.restore(
-                    ckpt, step, _placed(model.params, layout.params),
-                    _placed(model.opt_state, layout.opt_state))
+                restored = read(step)
         except checkpoint.CheckpointDamaged as e:
             damaged.append(e)
             continue
@@ -238,10 +253,7 @@ def _restore_or_init(ckpt, model: runtime.Model, layout: runtime.Layout, patienc
             if is_main:
                 print(f"{e}; moved to {moved}; resuming from step {step}", file=sys.stderr,
                       flush=True)
-        if int(meta.get("data_position", step)) != step:
-            raise TrainingError(f"checkpoint {step} has data position {meta['data_position']}")
-        early = _EarlyStop(patience, meta.get("early_stop"))
-        return _State(params, opt_state, step, early), rest, meta
+        return step, restored
     raise TrainingError(
         f"no checkpoint in {ckpt.directory} can be read: "
         + "; ".join(f"step {e.step}: {e.reason}" for e in damaged)
