@@ -221,14 +221,20 @@ def main(plan):
     print("ERRORS" + json.dumps(out))
 
 
-def _run(plan):
+def run_on_8_devices(module: str, plan):
+    """`module`'s main(plan) in a subprocess over 8 simulated CPU devices; the errors
+    it prints after "ERRORS" as JSON."""
     r = subprocess.run(
-        [sys.executable, "-c", "import json, sys; from tests.kernels.test_context_parallel "
-         "import main; main(json.loads(sys.argv[1]))", json.dumps(plan)],
+        [sys.executable, "-c", f"import json, sys; from {module} import main; "
+         "main(json.loads(sys.argv[1]))", json.dumps(plan)],
         cwd=ROOT, capture_output=True, text=True, timeout=1800,
         env=env(XLA_FLAGS="--xla_force_host_platform_device_count=8"))
     assert r.returncode == 0, r.stderr[-4000:]
     return json.loads(r.stdout.split("ERRORS", 1)[1])
+
+
+def _run(plan):
+    return run_on_8_devices("tests.kernels.test_context_parallel", plan)
 
 
 @pytest.fixture(scope="module")

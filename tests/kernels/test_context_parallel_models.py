@@ -7,15 +7,13 @@ registered mixer's full-sequence call is split (its forward equal to the unsplit
 One subprocess per module (XLA_FLAGS before jax starts), as test_context_parallel.py.
 """
 import json
-import subprocess
 import sys
 import time
 
 import numpy as np
 import pytest
 
-from tests.kernels.test_context_parallel import segment_ids
-from tests.training.conftest import ROOT, env
+from tests.kernels.test_context_parallel import run_on_8_devices, segment_ids
 
 TOL = 1e-5
 B, T = 2, 32
@@ -191,14 +189,7 @@ def main(plan):
 
 
 def _run(plan):
-    r = subprocess.run(
-        [sys.executable, "-c", "import json, sys; from tests.kernels."
-         "test_context_parallel_models import main; main(json.loads(sys.argv[1]))",
-         json.dumps(plan)],
-        cwd=ROOT, capture_output=True, text=True, timeout=1800,
-        env=env(XLA_FLAGS="--xla_force_host_platform_device_count=8"))
-    assert r.returncode == 0, r.stderr[-4000:]
-    return json.loads(r.stdout.split("ERRORS", 1)[1])
+    return run_on_8_devices("tests.kernels.test_context_parallel_models", plan)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,8 @@ import jax.numpy as jnp
 import kernels.pallas as kp
 from kernels.pallas import common, documents
 from tests.kernels import reference, test_pallas
-from tests.kernels.test_pallas_segments import grads64, rel, starts_of
+from tests.kernels.test_pallas_segments import (check_gdn_against_float64, grads64,
+                                                 rel, starts_of)
 
 C = 16
 B, T, H, K, V = 3, 150, 2, 16, 16      # 10 chunks, the last one padded
@@ -54,27 +55,9 @@ def test_piece_bounds_are_document_start_chunks():
 @pytest.mark.parametrize("piece_chunks", PIECE_CHUNKS)
 def test_gdn_pieces_match_float64(piece_chunks):
     seg = segment_ids()
-    q, k, v, g, beta, s0 = test_pallas.gdn_inputs(11, B, T, H, K, V)
-    kw = dict(segment_ids=seg, chunk_size=C, variant="gpu", tuning=tuning(piece_chunks))
-    o, st = kp.gated_delta_rule(q, k, v, g, beta, initial_state=s0, return_state=True, **kw)
-    ro, rst = reference.gated_delta_rule(q, k, v, g, beta, segment_ids=seg,
-                                         initial_state=s0)
-    assert rel(o, ro) <= 1e-5 and rel(st, rst) <= 1e-5
-
-    rng = np.random.default_rng(12)
-    co, cs = rng.standard_normal(ro.shape), rng.standard_normal(rst.shape)
-
-    def loss(outs, dtype):
-        out, state = outs
-        return jnp.sum(out * co.astype(dtype)) + jnp.sum(state * cs.astype(dtype))
-
-    got = jax.grad(lambda *a: loss(kp.gated_delta_rule(
-        *a[:5], initial_state=a[5], return_state=True, **kw), np.float32),
-        argnums=tuple(range(6)))(q, k, v, g, beta, s0)
-    ref = grads64(loss, lambda *a: test_pallas.jax_gdn64(*a, starts_of(seg)),
-                  (q, k, v, g, beta, s0))
-    for name, a, r in zip(["dq", "dk", "dv", "dlog_alpha", "dbeta", "ds0"], got, ref):
-        assert rel(a, r) <= 1e-5, (name, rel(a, r))
+    check_gdn_against_float64(seg, test_pallas.gdn_inputs(11, B, T, H, K, V), dict(
+        segment_ids=seg, chunk_size=C, variant="gpu", tuning=tuning(piece_chunks)),
+        seed=12)
 
 
 @pytest.mark.parametrize("piece_chunks", PIECE_CHUNKS)

@@ -57,17 +57,17 @@ def grads64(loss_of_outputs, fn64, args):
         return [np.asarray(r) for r in ref]
 
 
-@pytest.mark.parametrize("variant,fused_prep", PROGRAMS)
-def test_gdn_with_segments_matches_float64(variant, fused_prep):
-    seg = segment_ids()
-    q, k, v, g, beta, s0 = gdn_inputs(0)
-    kw = dict(segment_ids=seg, chunk_size=C, variant=variant, fused_prep=fused_prep)
+def check_gdn_against_float64(seg, inputs, kw, seed):
+    """kernels.pallas.gated_delta_rule(**kw) with packed documents `seg` against the
+    float64 references: outputs and final state (the token loop), and the gradients of
+    every input for a random cotangent from `seed` (jax.grad of the float64 scan)."""
+    q, k, v, g, beta, s0 = inputs
     o, st = kp.gated_delta_rule(q, k, v, g, beta, initial_state=s0, return_state=True, **kw)
     ro, rst = reference.gated_delta_rule(q, k, v, g, beta, segment_ids=seg,
                                          initial_state=s0)
     assert rel(o, ro) <= 1e-5 and rel(st, rst) <= 1e-5
 
-    rng = np.random.default_rng(1)
+    rng = np.random.default_rng(seed)
     co, cs = rng.standard_normal(ro.shape), rng.standard_normal(rst.shape)
 
     def loss(outs, dtype):
@@ -77,10 +77,16 @@ def test_gdn_with_segments_matches_float64(variant, fused_prep):
     got = jax.grad(lambda *a: loss(kp.gated_delta_rule(
         *a[:5], initial_state=a[5], return_state=True, **kw), np.float32),
         argnums=tuple(range(6)))(q, k, v, g, beta, s0)
-    starts = starts_of(seg)
-    ref = grads64(loss, lambda *a: test_pallas.jax_gdn64(*a, starts), (q, k, v, g, beta, s0))
+    ref = grads64(loss, lambda *a: test_pallas.jax_gdn64(*a, starts_of(seg)), inputs)
     for name, a, r in zip(["dq", "dk", "dv", "dlog_alpha", "dbeta", "ds0"], got, ref):
         assert rel(a, r) <= 1e-5, (name, rel(a, r))
+
+
+@pytest.mark.parametrize("variant,fused_prep", PROGRAMS)
+def test_gdn_with_segments_matches_float64(variant, fused_prep):
+    seg = segment_ids()
+    check_gdn_against_float64(seg, gdn_inputs(0), dict(
+        segment_ids=seg, chunk_size=C, variant=variant, fused_prep=fused_prep), seed=1)
 
 
 LINEAR_CASES = [(True, "tokens"), (False, None), (True, None), (False, "heads")]
