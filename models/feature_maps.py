@@ -68,24 +68,46 @@ def taylor_symmetric_dim(d: int) -> int:
 
 # --- FAVOR+ (Choromanski et al. 2020) -------------------------------------------------
 
+def orthonormal_columns(g):
+    """Q of g = Q R (..., d, d) with R's diagonal positive, by Gram-Schmidt over the
+    columns in order, each projection done twice (CGS2: orthogonal to float32 rounding).
+
+    Positive diag(R) is what makes Q Haar-distributed for Gaussian g (a raw LAPACK QR's
+    signs are not). Plain XLA ops rather than jnp.linalg.qr: LAPACK's custom call can
+    deadlock XLA's thread pool on small CPU machines, and Performer redraws its features
+    inside every train step.
+    """
+    d = g.shape[-1]
+    cols = jnp.swapaxes(g, -1, -2)  # (..., d, d): row i is column i of g
+
+    def add_column(i, q_rows):  # q_rows: the columns accepted so far, zero rows after
+        v = cols[..., i, :]
+        for _ in range(2):
+            v = v - jnp.einsum("...j,...jd->...d", jnp.einsum("...jd,...d->...j", q_rows, v,
+                                                              precision="highest"),
+                               q_rows, precision="highest")
+        v = v / jnp.linalg.norm(v, axis=-1, keepdims=True)
+        return q_rows.at[..., i, :].set(v)
+
+    q_rows = jax.lax.fori_loop(0, d, add_column, jnp.zeros_like(cols))
+    return jnp.swapaxes(q_rows, -1, -2)
+
+
 def gaussian_projection(key, num_features: int, dim: int, *, orthogonal: bool = True):
     """Random directions omega (num_features, dim) for FAVOR+.
 
-    orthogonal=True stacks blocks of `dim` exactly orthogonal rows (QR of a Gaussian
-    matrix) and rescales each row by the norm of an independent Gaussian vector, so every
-    row has the chi(dim) length a Gaussian row would have (unbiasedness is kept, the
-    variance drops: Performer Theorem 2). orthogonal=False: iid N(0, I) rows.
+    orthogonal=True stacks blocks of `dim` exactly orthogonal rows (the Q of a Gaussian
+    matrix, orthonormal_columns) and rescales each row by the norm of an independent
+    Gaussian vector, so every row has the chi(dim) length a Gaussian row would have
+    (unbiasedness is kept, the variance drops: Performer Theorem 2). orthogonal=False:
+    iid N(0, I) rows.
     """
     if not orthogonal:
         return jax.random.normal(key, (num_features, dim), jnp.float32)
     num_blocks = -(-num_features // dim)
     block_key, norm_key = jax.random.split(key)
     g = jax.random.normal(block_key, (num_blocks, dim, dim), jnp.float32)
-    q, r = jnp.linalg.qr(g)  # batched over blocks
-    # Sign-fix by diag(R) so each Q is Haar-distributed; raw QR output is biased in
-    # direction, and so would be the estimate.
-    signs = jnp.where(jnp.diagonal(r, axis1=-2, axis2=-1) < 0, -1.0, 1.0)
-    blocks = jnp.swapaxes(q * signs[:, None, :], -1, -2)  # rows orthonormal
+    blocks = jnp.swapaxes(orthonormal_columns(g), -1, -2)  # rows orthonormal
     rows = blocks.reshape(num_blocks * dim, dim)[:num_features]
     norms = jnp.linalg.norm(jax.random.normal(norm_key, (num_features, dim), jnp.float32),
                             axis=-1)
