@@ -837,19 +837,25 @@ def part_performer(a, out: pathlib.Path, work: pathlib.Path) -> dict:
     path = out / "performer.json"
     write_json(path, res)
     stop_at = deadline - a.perf_save_s
-    p = Proc("perf_population", [PY, "-m", "training.population",
-                                 "--config=configs/shakespeare_char_gpu.py",
-                                 f"--workdir={root / 'pop'}", f"--lrs={a.perf_lr}",
-                                 f"--seeds={a.seeds}", *o], logs,
-                 child_env(cache_dir=root / ".cache_pop"))
-    procs = [p]
-    run_to_end([p], stop_at, a.perf_save_s, f"budget: stopped at {stop_at - t_start:.0f}s")
-    dirs = member_dirs(root / "pop")
-    if p.rc not in (0, SIGTERM_RC) and p.step == 0 and deadline - time.time() > 90:
-        # The population failed before its first logged step: 3 train.py processes at once.
-        say("performer: the population failed; falling back to one train.py per seed")
-        res["mode"] = "train.py per seed (population failed)"
-        res["population_failed_tail"] = p.tail(1500)
+    procs, failed, dirs = [], False, []
+    if a.perf_mode == "population":
+        p = Proc("perf_population", [PY, "-m", "training.population",
+                                     "--config=configs/shakespeare_char_gpu.py",
+                                     f"--workdir={root / 'pop'}", f"--lrs={a.perf_lr}",
+                                     f"--seeds={a.seeds}", *o], logs,
+                     child_env(cache_dir=root / ".cache_pop"))
+        procs = [p]
+        run_to_end([p], stop_at, a.perf_save_s, f"budget: stopped at {stop_at - t_start:.0f}s")
+        dirs = member_dirs(root / "pop")
+        failed = p.rc not in (0, SIGTERM_RC) and p.step == 0 and deadline - time.time() > 90
+        if failed:
+            say("performer: the population failed; falling back to one train.py per seed")
+            res["population_failed_tail"] = p.tail(1500)
+    if a.perf_mode == "train.py" or failed:
+        # One train.py process per seed, all at once: asked for, or the population failed
+        # before its first logged step.
+        res["mode"] = ("train.py per seed" if a.perf_mode == "train.py"
+                       else "train.py per seed (population failed)")
         seeds = [int(s) for s in a.seeds.split(",")]
         procs = [Proc(f"perf_seed{s}", [PY, "train.py", "--config=configs/shakespeare_char_gpu.py",
                                         f"--workdir={root / f'seed{s}'}",
@@ -992,6 +998,8 @@ def main(argv=None):
                     help="train.steps (0: the config's 5,000; the budget stops it earlier)")
     ap.add_argument("--perf_eval_batches", type=int, default=50,
                     help="train.eval_batches (compare_shakespeare.py's 50 x 64 x 256)")
+    ap.add_argument("--perf_mode", default="population", choices=["population", "train.py"],
+                    help="the seeds as one training.population, or one train.py each")
     ap.add_argument("--perf_save_s", type=float, default=25,
                     help="seconds before the budget's end to send SIGTERM (save and exit)")
     # worker
