@@ -79,17 +79,23 @@ def generate(rng_or_seed, num_examples: int, seq_len: int, num_kv_pairs: int,
     n, N = num_kv_pairs, num_examples
     context = 2 * n
     half = vocab_size // 2
-    key_choices = np.arange(1, half)
-    value_choices = np.arange(half, vocab_size)
-    # Same call order as Zoology: all keys, then all values, then all gaps.
-    keys = np.stack([rng.choice(key_choices, size=n, replace=False) for _ in range(N)]) \
-        if N else np.zeros((0, n), np.int64)
-    values = np.stack([rng.choice(value_choices, size=n, replace=False) for _ in range(N)]) \
-        if N else np.zeros((0, n), np.int64)
     space = (seq_len - context) // 2
     p = gap_probabilities(space, power_a)
-    gaps = np.stack([rng.choice(np.arange(space), size=n, replace=False, p=p) for _ in range(N)]) \
-        if N else np.zeros((0, n), np.int64)
+    if isinstance(rng, np.random.RandomState):
+        # Zoology's draws call for call: all keys, then all values, then all gaps, one
+        # example at a time.
+        draw = lambda choices, **kw: (
+            np.stack([rng.choice(choices, size=n, replace=False, **kw) for _ in range(N)])
+            if N else np.zeros((0, n), np.int64))
+        keys = draw(np.arange(1, half))
+        values = draw(np.arange(half, vocab_size))
+        gaps = draw(np.arange(space), p=p)
+    else:
+        # The same distribution, every example at once (a batch of 128 x (256, 16) in
+        # ~1 ms instead of ~15, which held training steps back on the host).
+        keys = 1 + distinct_uniform(rng, N, half - 1, n)
+        values = half + distinct_uniform(rng, N, vocab_size - half, n)
+        gaps = distinct_weighted(rng, N, p, n)
 
     # seq_len + 1 tokens, so inputs and next-token targets are both seq_len long.
     seq = np.zeros((N, seq_len + 1), np.int64)
@@ -107,6 +113,45 @@ def generate(rng_or_seed, num_examples: int, seq_len: int, num_kv_pairs: int,
     np.put_along_axis(mask, query_pos, 1.0, axis=1)
     return {"inputs": inputs.astype(np.int32), "targets": targets.astype(np.int32),
             "mask": mask}
+
+
+def distinct_uniform(rng: np.random.Generator, rows: int, population: int,
+                     size: int) -> np.ndarray:
+    """(rows, size) int64: each row `size` distinct draws from range(population) in
+    draw order, uniform over ordered tuples (as rng.choice(population, size,
+    replace=False) per row). Rows with a repeat are drawn again whole, which keeps the
+    accepted rows uniform; where a repeat is likely (acceptance < 1/2) each row is
+    instead the first `size` of a random permutation."""
+    if size > population:
+        raise ValueError(f"cannot draw {size} distinct values from {population}")
+    accept = np.prod(1.0 - np.arange(size) / population)
+    if accept < 0.5:
+        return np.argsort(rng.random((rows, population)), axis=1)[:, :size]
+    out = rng.integers(population, size=(rows, size))
+    redo = np.arange(rows)
+    while redo.size:
+        ordered = np.sort(out[redo], axis=1)
+        redo = redo[(ordered[:, 1:] == ordered[:, :-1]).any(axis=1)]
+        out[redo] = rng.integers(population, size=(redo.size, size))
+    return out
+
+
+def distinct_weighted(rng: np.random.Generator, rows: int, p: np.ndarray,
+                      size: int) -> np.ndarray:
+    """(rows, size) int64: each row `size` distinct indices of p drawn one after another
+    with probability proportional to p among those not yet drawn (as rng.choice(len(p),
+    size, replace=False, p=p) per row), by Gumbel top-k: the indices of the `size`
+    largest log p + Gumbel noise, largest first, follow exactly that sequential law
+    (the Plackett-Luce model)."""
+    if size > np.count_nonzero(p):
+        raise ValueError(f"cannot draw {size} distinct indices from {np.count_nonzero(p)} "
+                         f"with nonzero probability")
+    with np.errstate(divide="ignore"):
+        scores = np.log(p)[None, :] + rng.gumbel(size=(rows, len(p)))
+    top = np.argpartition(-scores, size - 1, axis=1)[:, :size] if size < len(p) else \
+        np.broadcast_to(np.arange(len(p)), (rows, len(p))).copy()
+    order = np.argsort(-np.take_along_axis(scores, top, axis=1), axis=1)
+    return np.take_along_axis(top, order, axis=1)
 
 
 def parse_settings(kv, seq_len: int) -> list[tuple[int, int, float]] | None:

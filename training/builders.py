@@ -30,9 +30,17 @@ def build_model_config(config, dataset):
 
 def model_factory(model_cfg, seed: int):
     """A zero-argument constructor: used abstractly (eval_shape) and inside jit."""
+    make = seeded_model_factory(model_cfg)
+    return lambda: make(int(seed))
+
+
+def seeded_model_factory(model_cfg):
+    """make(seed): the model of that seed, the seed a Python int or a traced int32 (the
+    same draws either way), so one compiled init serves every seed."""
+    import jax
     from flax import nnx
     import models
 
-    def make():
-        return models.LanguageModel(model_cfg, rngs=nnx.Rngs(int(seed)))
+    def make(seed):  # nnx.Rngs(int) is nnx.Rngs(jax.random.key(int))
+        return models.LanguageModel(model_cfg, rngs=nnx.Rngs(jax.random.key(seed)))
     return make

@@ -97,6 +97,23 @@ def init_sharded(make_model: Callable[[], nnx.Module], param_shardings: dict,
     return jax.jit(init, out_shardings=(param_shardings, rest_shardings))()
 
 
+def seeded_init(make_of_seed: Callable[[Any], nnx.Module], param_shardings: dict,
+                rest_sharding) -> Callable[[int], tuple[dict, nnx.State]]:
+    """init(seed) -> (flat params, rest) as init_sharded(lambda: make_of_seed(seed))
+    gives them, from one program compiled once for every seed (the seed is its int32
+    argument), where init_sharded compiles a program per seed."""
+    def init(seed):
+        with nnx.use_eager_sharding(False):
+            model = make_of_seed(seed)
+        _, params, rest = nnx.split(model, nnx.Param, ...)
+        return flat_params(params), rest
+
+    _, _, abstract_rest, *_ = describe(lambda: make_of_seed(0))
+    rest_shardings = jax.tree.map(lambda _: rest_sharding, abstract_rest)
+    compiled = jax.jit(init, out_shardings=(param_shardings, rest_shardings))
+    return lambda seed: compiled(jnp.asarray(seed, jnp.int32))
+
+
 # The attribute under which a mixer keeps the RNG stream it redraws random features from
 # (models.mixers.linear.Performer.feature_rngs). Its streams take rekey's feature_key, so
 # the features can change on their own schedule (every N steps), apart from dropout.

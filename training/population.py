@@ -24,6 +24,7 @@ so that a resume leaves it out.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import math
 import pathlib
@@ -35,7 +36,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from training import (checkpoint, config_tools, loop, metrics, model_state, optim,
+from training import (builders, checkpoint, config_tools, loop, metrics, model_state, optim,
                       param_layout, runtime, workdir_lock, workdir_tokenizer)
 from training import step as step_fns
 
@@ -112,11 +113,6 @@ class _MemberRun:
     def active(self) -> bool:
         return self.diverged_at is None and not self.early.stopped
 
-    def keys(self, s: int) -> tuple:
-        """The keys train.py's step s takes after (params, opt_state, batch)."""
-        if hasattr(self.steps, "feature_key"):
-            return self.steps.key(s), self.steps.feature_key(s)
-        return (self.steps.key(s),)
 
 
 def _read_population(workdir: pathlib.Path) -> dict:
@@ -130,17 +126,38 @@ def _write_population(workdir: pathlib.Path, record: dict) -> None:
     tmp.replace(workdir / POPULATION_FILE)  # atomic: a kill never leaves half a file
 
 
-def _restore_member(ckpt, model: runtime.Model, layout: runtime.Layout, patience: int,
-                    model_section: dict, at_most: int | None):
+class _FreshStates:
+    """A member's fresh start, as runtime.init_fresh gives its separate run, from one
+    compiled init for every seed (model_state.seeded_init) and one compiled optimizer
+    init; each seed's is built once and shared by its members (the lrs of one seed start
+    from the same parameters). One optimizer init serves every lr: its state holds no lr
+    (zero moments and counts; training.optim uses no inject_hyperparams)."""
+
+    def __init__(self, model_cfg, model: runtime.Model, layout: runtime.Layout):
+        self._init = model_state.seeded_init(builders.seeded_model_factory(model_cfg),
+                                             layout.params, layout.replicated)
+        self._opt_init = jax.jit(model.tx.init, out_shardings=layout.opt_state)
+        self._by_seed: dict[int, tuple] = {}
+
+    def __call__(self, seed: int) -> tuple[dict, Any, Any]:
+        """(params, opt_state, rest) of a fresh start of `seed`."""
+        if seed not in self._by_seed:
+            params, rest = self._init(seed)
+            self._by_seed[seed] = (params, self._opt_init(params), rest)
+        return self._by_seed[seed]
+
+
+def _restore_member(ckpt, fresh, layout: runtime.Layout, model: runtime.Model,
+                    patience: int, model_section: dict, at_most: int | None):
     """(loop._State, rest, meta or None) of the newest step <= at_most that passes its
     checks (all steps when at_most is None), as loop._restore_or_init restores a run;
-    damaged newer steps are set aside."""
+    damaged newer steps are set aside. fresh(): the member's fresh (params, opt_state,
+    rest)."""
     candidates = [s for s in ckpt.all_steps()[::-1] if at_most is None or s <= at_most]
     if not candidates:
-        params, opt_state, rest = runtime.init_fresh(model, layout)
+        params, opt_state, rest = fresh()
         return loop._State(params, opt_state, 0, loop._EarlyStop(patience)), rest, None
-    params, rest = model_state.init_sharded(model.make, layout.params, layout.replicated)
-    del params
+    rest = fresh()[2]
     for step in candidates:
         try:
             ckpt.check_compatible(step, model.shapes, model_section)
@@ -156,20 +173,23 @@ def _restore_member(ckpt, model: runtime.Model, layout: runtime.Layout, patience
     raise loop.TrainingError(f"no checkpoint in {ckpt.directory} can be read")
 
 
-def _restore_all(ckpts, models, layout, patience, model_section, diverged: list[bool]):
+def _restore_all(ckpts, freshes, models, layout, patience, model_section,
+                 diverged: list[bool]):
     """Every member restored at one population step: the newest step that all members
     still training have (a kill between two members' saves leaves some a step ahead;
     they go back to the common one). A member stopped early at or before that step
-    stays at its stop; a diverged member is restored (for its results) but frozen."""
-    first = [_restore_member(c, m, layout, patience, model_section, None)
-             for c, m in zip(ckpts, models)]
+    stays at its stop; a diverged member is restored (for its results) but frozen.
+    freshes[i](): member i's fresh (params, opt_state, rest)."""
+    first = [_restore_member(c, f, layout, m, patience, model_section, None)
+             for c, f, m in zip(ckpts, freshes, models)]
     going = [st.step for (st, _, _), gone in zip(first, diverged)
              if not st.early.stopped and not gone]
     target = min(going) if going else None
     out = []
-    for (st, rest, meta), c, m in zip(first, ckpts, models):
+    for (st, rest, meta), c, f, m in zip(first, ckpts, freshes, models):
         if target is not None and st.step > target:
-            st, rest, meta = _restore_member(c, m, layout, patience, model_section, target)
+            st, rest, meta = _restore_member(c, f, layout, m, patience, model_section,
+                                             target)
             if st.step != target and not st.early.stopped:
                 raise loop.TrainingError(
                     f"{c.directory} has no checkpoint at step {target}, the step the "
@@ -187,10 +207,14 @@ def _leading(sharding, mesh):
 
 
 def _compile(model: runtime.Model, layout: runtime.Layout, t_cfg, mesh, packed: bool,
-             schedules: list, n_keys: int):
+             schedules: list):
     """(train, eval): the train step vmapped over members,
-    train(params, opt_state, rests, batch, index, active, *keys) -> (params, opt_state,
-    metrics with "active"), and eval(params, rests, batch) -> [M, 3] loss sums.
+    train(params, opt_state, rests, batches, slots, index, active, base_keys, step) ->
+    (params, opt_state, metrics with "active"), and eval(params, rests, batch) -> [M, 3]
+    loss sums. batches: one batch per seed stacked, slots[i] member i's seed's place in
+    it (the members of one seed read one batch: sent once, not once per lr).
+    Member i's keys of step s are its separate run's (runtime.Steps.key and feature_key
+    of base_keys[i]), folded inside the program rather than one dispatch per member.
 
     Member i's lr is its own schedule, picked by its index: every schedule is computed
     with its Python-constant lr, exactly the ops of member i's separate run, and the
@@ -204,7 +228,13 @@ def _compile(model: runtime.Model, layout: runtime.Layout, t_cfg, mesh, packed: 
     lead = lambda tree: jax.tree.map(lambda s: _leading(s, mesh), tree)
     repl = _leading(layout.replicated, mesh)
 
-    def member_step(params, opt_state, rest, batch, index, active, *keys):
+    redraw_every = max(model.redraw_every, 1)
+
+    def member_step(params, opt_state, rest, batches, slot, index, active, base_key,
+                    step_index):
+        batch = jax.tree.map(lambda x: x[slot], batches)  # the member's seed's batch
+        keys = (jax.random.fold_in(base_key, step_index),
+                jax.random.fold_in(base_key, step_index // redraw_every))
         def schedule(count):
             return jnp.stack([s(count) for s in schedules])[index]
         tx, _ = optim.make_optimizer(t_cfg, model.params, model.logical, schedule=schedule)
@@ -224,10 +254,10 @@ def _compile(model: runtime.Model, layout: runtime.Layout, t_cfg, mesh, packed: 
                                        model.logical, model.shapes)
         return jnp.stack(step_fns.make_eval_step(parts, packed)(params, batch))
 
-    train = jax.jit(jax.vmap(member_step),
+    train = jax.jit(jax.vmap(member_step, in_axes=(0, 0, 0, None, 0, 0, 0, 0, None)),
                     in_shardings=(lead(layout.params), lead(layout.opt_state), repl,
-                                  _leading(layout.batch, mesh), repl, repl)
-                    + (repl,) * n_keys,
+                                  _leading(layout.batch, mesh), repl, repl, repl, repl,
+                                  layout.replicated),
                     out_shardings=(lead(layout.params), lead(layout.opt_state), repl),
                     donate_argnums=(0, 1))
     evaluate = jax.jit(jax.vmap(member_eval),
@@ -273,7 +303,10 @@ def _train_population(config, workdir: pathlib.Path, members: list[Member],
         ckpts = [opened.enter_context(contextlib.closing(checkpoint.Checkpointer(
             m.workdir, keep=t_cfg.keep_checkpoints, async_save=t_cfg.async_checkpoints,
             keep_best=keep_best))) for m in members]
-        restored = _restore_all(ckpts, models, layout, patience, config.model.to_dict(),
+        fresh = _FreshStates(model_cfg, models[0], layout)
+        freshes = [functools.partial(fresh, m.seed) for m in members]
+        restored = _restore_all(ckpts, freshes, models, layout, patience,
+                                config.model.to_dict(),
                                 [member_name(m.lr, m.seed) in record["diverged"]
                                  for m in members])
         runs, states, rests = [], [], []
@@ -305,8 +338,7 @@ def _train_population(config, workdir: pathlib.Path, members: list[Member],
         rests = jax.device_put(_stack(rests), _leading(layout.replicated, mesh))
         del states, restored
         train, evaluate = _compile(models[0], layout, t_cfg, mesh, packed,
-                                   [model.schedule for model in models],
-                                   len(runs[0].keys(0)))
+                                   [model.schedule for model in models])
         going = [r.step for r in runs if r.active]
         start = min(going) if going else t_cfg.steps
         where = f"resuming from step {start}" if start else "starting fresh"
@@ -318,7 +350,8 @@ def _train_population(config, workdir: pathlib.Path, members: list[Member],
         stop = opened.enter_context(loop._signals_caught())
         pop = _Population(runs, datasets, t_cfg, train, evaluate, params, opt_state, rests,
                           workdir, record, progress,
-                          loop._Speed(config, model_cfg, n_params, start))
+                          loop._Speed(config, model_cfg, n_params, start),
+                          _leading(layout.replicated, mesh))
         pop.run(start, stop, stop_at)
         return pop.finish()
 
@@ -340,26 +373,33 @@ class _Population:
     """The stacked state and the loop over steps: loop._run_steps for M members."""
 
     def __init__(self, runs, datasets, t_cfg, train, evaluate, params, opt_state, rests,
-                 workdir, record, progress, speed):
+                 workdir, record, progress, speed, member_sharding):
+        self.member_sharding = member_sharding  # [M] arrays: replicated on the mesh
         self.runs, self.datasets, self.t_cfg = runs, datasets, t_cfg
         self.train, self.evaluate = train, evaluate
         self.params, self.opt_state, self.rests = params, opt_state, rests
         self.workdir, self.record = workdir, record
         self.progress, self.speed = progress, speed
         self.index = jnp.arange(len(runs))
+        self.base_keys = jnp.stack([r.steps.base_key for r in runs])
+        self.seeds = sorted(datasets)
+        self.slots = jnp.asarray([self.seeds.index(r.member.seed) for r in runs])
         self.pending: list[tuple[int, list[bool], Any]] = []
         self._set_active()
         self._eval_batches = None
 
     def _set_active(self):
-        self.active = jnp.asarray([r.active for r in self.runs])
+        # Placed as the step's output `active` is, so that passing either one back in
+        # finds the same compiled step (an unplaced array would compile it again).
+        self.active = jax.device_put(np.asarray([r.active for r in self.runs]),
+                                     self.member_sharding)
 
     # -- data
-    def _batch(self, s: int):
+    def _batches(self, s: int):
+        """Step s's batch of every seed, stacked in self.seeds' order."""
         bs = self.t_cfg.batch_size
-        by_seed = {seed: d.batch(s, bs) for seed, d in self.datasets.items()}
         return jax.tree.map(lambda *xs: np.stack(xs),
-                            *[by_seed[r.member.seed] for r in self.runs])
+                            *[self.datasets[seed].batch(s, bs) for seed in self.seeds])
 
     def _eval_feed(self) -> list:
         """The eval batches of every member's seed, stacked (each seed's held-out set, as
@@ -380,11 +420,10 @@ class _Population:
         for s in range(start, t.steps):
             if not any(r.active for r in self.runs):
                 return
-            keys = [jnp.stack(ks) for ks in zip(*[r.keys(s) for r in self.runs])]
             was_active = [r.active for r in self.runs]
             self.params, self.opt_state, m = self.train(
-                self.params, self.opt_state, self.rests, self._batch(s), self.index,
-                self.active, *keys)
+                self.params, self.opt_state, self.rests, self._batches(s), self.slots,
+                self.index, self.active, self.base_keys, np.int32(s))
             self.active = m["active"]
             step = s + 1
             for r, a in zip(self.runs, was_active):

@@ -155,3 +155,44 @@ def test_dataset_with_several_kv_counts():
         assert ((keys >= 1) & (keys < 4096)).all() and len(set(keys)) == n
         assert (row[2 * n:] != 0).sum() == n  # each key queried once after its context
     np.testing.assert_array_equal(b["inputs"], ds.batch(0, 60)["inputs"])
+
+
+def _ordered_pair_counts(draws: np.ndarray, population: int) -> np.ndarray:
+    counts = np.zeros((population, population))
+    np.add.at(counts, (draws[:, 0], draws[:, 1]), 1)
+    return counts
+
+
+@pytest.mark.parametrize("population", [6, 200])  # 6: the permutation path, 200: rejection
+def test_distinct_uniform_is_uniform_over_ordered_tuples(population):
+    rng = np.random.default_rng(3)
+    rows = 60_000
+    draws = mqar.distinct_uniform(rng, rows, population, 2 if population == 200 else 4)
+    assert ((draws >= 0) & (draws < population)).all()
+    assert (np.sort(draws, axis=1)[:, 1:] != np.sort(draws, axis=1)[:, :-1]).all()
+    if population == 6:  # every ordered pair of the first two draws: 1 / (6 * 5)
+        counts = _ordered_pair_counts(draws, population)
+        expected = rows / (population * (population - 1))
+        off = ~np.eye(population, dtype=bool)
+        assert (np.abs(counts[off] - expected) < 5 * np.sqrt(expected)).all()
+        assert counts[~off].sum() == 0
+    else:  # each value's frequency in each position: 1 / 200
+        for j in range(2):
+            freq = np.bincount(draws[:, j], minlength=population)
+            expected = rows / population
+            assert (np.abs(freq - expected) < 5 * np.sqrt(expected)).all()
+
+
+def test_distinct_weighted_follows_sequential_sampling():
+    # P(first = a, second = b) = p_a p_b / (1 - p_a): drawing without replacement.
+    p = np.array([0.4, 0.3, 0.15, 0.1, 0.05])
+    rows = 80_000
+    draws = mqar.distinct_weighted(np.random.default_rng(4), rows, p, 2)
+    counts = _ordered_pair_counts(draws, len(p))
+    exact = p[:, None] * p[None, :] / (1 - p[:, None])
+    np.fill_diagonal(exact, 0.0)
+    assert abs(exact.sum() - 1) < 1e-12
+    sigma = np.sqrt(rows * exact * (1 - exact))
+    assert (np.abs(counts - rows * exact) <= 5 * sigma + 1e-9).all()
+    full = mqar.distinct_weighted(np.random.default_rng(5), 100, p, len(p))
+    np.testing.assert_array_equal(np.sort(full, axis=1), np.tile(np.arange(len(p)), (100, 1)))
