@@ -1,0 +1,40 @@
+#!/usr/bin/env bash
+# Issue 18's anchor, one H200 call: HazyResearch/zoology's own code (zoology_anchor.py,
+# the tree in .jobs/zoology, its wheels in .whl2) and ours (training.population with
+# configs/mqar_zoology_paper.py) side by side on the one GPU, the same recipe: MQAR
+# (256, 16), d_model 128, batch 256, lr 2.1544e-3 (Zoology's grid point 3 of 4), seeds
+# 0, 1, 2, 1,955 steps (5 epochs of Zoology's 100k examples; ours draws fresh examples),
+# float32, cosine to 0. Mixers: Zoology attention / based / gated_delta_net against our
+# softmax (1 head) / taylor (1 head, feature dim 8) / gated_deltanet (2 heads).
+#   carry: .whl2 .jobs     run from the repository root; results under $OUT
+set -u
+pip install -q --no-index --no-deps --target /tmp/site_ml .whl2/ml_collections*.whl
+pip install -q --no-index --no-deps --target /tmp/site .whl2/*.whl
+W=/tmp/anchor_runs
+rm -rf "$W"; mkdir -p "$W" "$OUT/ours"
+STEPS=${STEPS:-1955}
+BUDGET=${BUDGET:-540}
+for spec in softmax:1 taylor:1 gated_deltanet:2; do
+  name=${spec%%:*}; heads=${spec##*:}
+  # No preallocation: session 12's first run preallocated 0.18 of the GPU for each of
+  # ours (25.8 GB) and Zoology's gated_delta_net and one based run ran out of memory.
+  PYTHONPATH=/tmp/site_ml:$PWD XLA_PYTHON_CLIENT_MEM_FRACTION=0.18 \
+    XLA_PYTHON_CLIENT_PREALLOCATE=false \
+    timeout -s TERM "$BUDGET" python -m training.population \
+      --config=configs/mqar_zoology_paper.py --workdir="$W/$name" \
+      --lrs=2.1544347e-3 --seeds=0,1,2 --config.model.mixer="$name" \
+      --config.model.num_heads="$heads" --config.train.steps="$STEPS" \
+      --config.train.eval_every=0 --config.train.checkpoint_every=0 \
+      --config.train.log_every=100 --config.logging.wandb=disabled \
+      --config.logging.progress=False \
+      > "$OUT/ours/$name.out" 2> "$OUT/ours/$name.err" &
+done
+PYTHONPATH=/tmp/site:.jobs/zoology PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+  python docs/measurements/session12/zoology_anchor.py \
+  --mixers=attention,based,gated_delta_net --seeds=0,1,2 --lrs=2.1544347e-3 \
+  --steps="$STEPS" --epochs=5 --parallel=9 --budget_s="$BUDGET" --out="$OUT/zoology" \
+  > "$OUT/zoology.out" 2>&1 &
+wait
+for f in "$OUT"/ours/*.out; do echo "== $f"; grep -v "^step [0-9]*:" "$f" | tail -8; grep "^step" "$f" | tail -2; done
+for f in "$OUT"/ours/*.err; do echo "== $f"; tail -3 "$f"; done
+echo "== zoology"; tail -30 "$OUT/zoology.out"
