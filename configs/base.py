@@ -83,6 +83,7 @@ def get_config() -> ml_collections.ConfigDict:
         remat=config_dict.placeholder(bool),            # sets model.remat
         log_every=10, eval_every=250, eval_batches=20,
         early_stop_patience=0,                          # stop after N evals, no new best
+        early_stop_accuracy=0.0,                        # stop once eval accuracy > this
         checkpoint_every=500, keep_checkpoints=3, async_checkpoints=True,
         keep_best=True,                                 # and the lowest-eval-loss step
         # Resume with another seed, lr schedule or data setting (refused otherwise);

@@ -330,6 +330,10 @@ def check_config(config) -> None:
     if t.grad_accum <= 0 or t.batch_size % t.grad_accum:
         raise ConfigError(f"train.batch_size={t.batch_size} must be a multiple of "
                           f"train.grad_accum={t.grad_accum}")
+    accuracy = t.get("early_stop_accuracy") or 0.0
+    if not 0.0 <= accuracy < 1.0:
+        raise ConfigError(f"train.early_stop_accuracy={accuracy}: use a fraction in [0, 1) "
+                          f"(0: never; Zoology stops MQAR runs at 0.99)")
     if t.get("precision") not in (None, *PRECISIONS):
         raise ConfigError(f"train.precision={t.precision!r}: use one of "
                           f"{', '.join(repr(p) for p in PRECISIONS)}")

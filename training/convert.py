@@ -190,7 +190,7 @@ def _subset_step(loss_fn, trainable: list[str], tx):
     return step
 
 
-def _restore(ckpt, spec: _Spec, patience: int, is_main: bool):
+def _restore(ckpt, spec: _Spec, new_early, is_main: bool):
     """(state, meta) of the newest checkpoint that passes its checks (damaged newer ones
     set aside and named: training.loop.restore_newest); TrainingError if none can be
     read."""
@@ -201,7 +201,7 @@ def _restore(ckpt, spec: _Spec, patience: int, is_main: bool):
     step, (params, opt_state, meta) = loop.restore_newest(ckpt, ckpt.all_steps()[::-1],
                                                           read, is_main)
     return loop._State(params, opt_state, step,
-                       loop._EarlyStop(patience, meta.get("early_stop"))), meta
+                       new_early(meta.get("early_stop"))), meta
 
 
 def _run_stage(spec: _Spec, dataset, mesh) -> tuple[dict, dict]:
@@ -219,15 +219,15 @@ def _run_stage(spec: _Spec, dataset, mesh) -> tuple[dict, dict]:
         ckpt = opened.enter_context(contextlib.closing(checkpoint.Checkpointer(
             workdir, keep=t_cfg.keep_checkpoints, async_save=t_cfg.async_checkpoints,
             keep_best=keep_best)))
-        patience = int(t_cfg.get("early_stop_patience", 0) or 0)
+        new_early = loop.early_stop_rule(t_cfg)
         restored = bool(ckpt.all_steps())
         if restored:
-            state, meta = _restore(ckpt, spec, patience, is_main)
+            state, meta = _restore(ckpt, spec, new_early, is_main)
             config_tools.check_resume(meta.get("config"), config, workdir, state.step,
                                       record=is_main)
         else:
             params, opt_state = spec.fresh()
-            state = loop._State(params, opt_state, 0, loop._EarlyStop(patience))
+            state = loop._State(params, opt_state, 0, new_early())
         if is_main:
             config_tools.save_config(config, workdir)
         start = state.step

@@ -23,7 +23,7 @@ import math
 import signal
 import sys
 import time
-from typing import Any, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import jax
 import numpy as np
@@ -77,10 +77,10 @@ def _train(config, workdir: str) -> dict[str, Any]:
         ckpt = opened.enter_context(contextlib.closing(checkpoint.Checkpointer(
             workdir, keep=t_cfg.keep_checkpoints, async_save=t_cfg.async_checkpoints,
             keep_best=keep_best)))
-        patience = int(t_cfg.get("early_stop_patience", 0) or 0)
+        new_early = early_stop_rule(t_cfg)
         # A checkpoint of another model, or a resume with changed settings, stops here,
         # before config.json or metrics.jsonl change.
-        state, rest, meta = _restore_or_init(ckpt, model, layout, patience,
+        state, rest, meta = _restore_or_init(ckpt, model, layout, new_early,
                                              config.model.to_dict(), is_main)
         restored = meta is not None
         if restored:
@@ -165,32 +165,50 @@ class _Feed(NamedTuple):
 # ---------------------------------------------------------------------------------- restore
 class _EarlyStop:
     """Early stopping: stops once `limit` evaluations in a row bring no new best eval loss
-    (limit 0: never). The best validation loss a run reports is unchanged by stopping.
-    Its state travels in the checkpoint, so a resumed run stops where an uninterrupted
-    one would, and a run that stopped early stays stopped."""
+    (limit 0: never), or once the eval accuracy exceeds `accuracy` (0: never; Zoology's
+    early_stopping_threshold on valid/accuracy, 0.99 in its MQAR runs). The best
+    validation loss a run reports is unchanged by stopping. Its state travels in the
+    checkpoint, so a resumed run stops where an uninterrupted one would, and a run that
+    stopped early stays stopped."""
 
-    def __init__(self, limit: int, saved: dict | None = None):
+    def __init__(self, limit: int, saved: dict | None = None, accuracy: float = 0.0):
         saved = saved or {}
-        self.limit = limit
+        self.limit, self.accuracy = limit, float(accuracy)
         self.best = math.inf if saved.get("best") is None else float(saved["best"])
         self.best_step = saved.get("best_step")
         self.since_best = int(saved.get("since_best", 0))
         self.stopped = bool(saved.get("stopped"))
+        self.reason = saved.get("reason")
 
-    def update(self, eval_loss: float, step: int | None = None) -> bool:
+    def update(self, eval_loss: float, step: int | None = None,
+               eval_accuracy: float | None = None) -> bool:
         """Counts one evaluation (of the parameters after `step` updates); True when the
-        run is to stop now."""
+        run is to stop now (self.reason says why)."""
         if eval_loss < self.best:
             self.best, self.since_best, self.best_step = eval_loss, 0, step
         else:
             self.since_best += 1
-        self.stopped = self.limit > 0 and self.since_best >= self.limit
+        if self.accuracy > 0 and eval_accuracy is not None and eval_accuracy > self.accuracy:
+            self.reason = (f"eval_accuracy {eval_accuracy:.4f} > {self.accuracy} "
+                           f"(train.early_stop_accuracy)")
+        elif self.limit > 0 and self.since_best >= self.limit:
+            self.reason = (f"no new best eval_loss in {self.limit} evaluations (best "
+                           f"{self.best:.4f} at step {self.best_step})")
+        self.stopped = self.reason is not None
         return self.stopped
 
     def saved(self) -> dict:
         return {"best": None if math.isinf(self.best) else self.best,
                 "best_step": self.best_step, "since_best": self.since_best,
-                "stopped": self.stopped}
+                "stopped": self.stopped, "reason": self.reason}
+
+
+def early_stop_rule(t_cfg) -> Callable[..., _EarlyStop]:
+    """new(saved=None): a run's early stopping as the train section sets it
+    (early_stop_patience, early_stop_accuracy), fresh or from a checkpoint's record."""
+    limit = int(t_cfg.get("early_stop_patience", 0) or 0)
+    accuracy = float(t_cfg.get("early_stop_accuracy", 0.0) or 0.0)
+    return lambda saved=None: _EarlyStop(limit, saved, accuracy)
 
 
 @dataclasses.dataclass
@@ -202,7 +220,7 @@ class _State:
     early: _EarlyStop
 
 
-def _restore_or_init(ckpt, model: runtime.Model, layout: runtime.Layout, patience: int,
+def _restore_or_init(ckpt, model: runtime.Model, layout: runtime.Layout, new_early,
                      model_section: dict, is_main: bool) -> tuple[_State, Any, dict | None]:
     """(the state to start from, the model's non-parameter state, the restored step's
     meta or None for a fresh start). The model is always initialised: its RNG streams
@@ -216,7 +234,7 @@ def _restore_or_init(ckpt, model: runtime.Model, layout: runtime.Layout, patienc
     candidates = ckpt.all_steps()[::-1]
     if not candidates:
         params, opt_state, rest = runtime.init_fresh(model, layout)
-        return _State(params, opt_state, 0, _EarlyStop(patience)), rest, None
+        return _State(params, opt_state, 0, new_early()), rest, None
     params, rest = model_state.init_sharded(model.make, layout.params, layout.replicated)
     del params  # freed before the checkpoint's arrays take their place
 
@@ -229,7 +247,7 @@ def _restore_or_init(ckpt, model: runtime.Model, layout: runtime.Layout, patienc
     step, (params, opt_state, meta) = restore_newest(ckpt, candidates, read, is_main)
     if int(meta.get("data_position", step)) != step:
         raise TrainingError(f"checkpoint {step} has data position {meta['data_position']}")
-    early = _EarlyStop(patience, meta.get("early_stop"))
+    early = new_early(meta.get("early_stop"))
     return _State(params, opt_state, step, early), rest, meta
 
 
@@ -508,9 +526,7 @@ def _evaluate_for_early_stop(state: _State, steps: runtime.Steps, feed: _Feed,
     sinks.record(entry)
     sinks.progress.write(f"step {state.step}: eval_loss {entry['eval_loss']:.4f}, "
                          f"eval_accuracy {entry['eval_accuracy']:.4f}")
-    if not state.early.update(entry["eval_loss"], state.step):
+    if not state.early.update(entry["eval_loss"], state.step, entry["eval_accuracy"]):
         return False, entry["eval_loss"]
-    sinks.progress.write(f"step {state.step}: no new best eval_loss in {state.early.limit} "
-                         f"evaluations (best {state.early.best:.4f} at step "
-                         f"{state.early.best_step}); stopping early")
+    sinks.progress.write(f"step {state.step}: {state.early.reason}; stopping early")
     return True, entry["eval_loss"]

@@ -148,7 +148,7 @@ class _FreshStates:
 
 
 def _restore_member(ckpt, fresh, layout: runtime.Layout, model: runtime.Model,
-                    patience: int, model_section: dict, at_most: int | None):
+                    new_early, model_section: dict, at_most: int | None):
     """(loop._State, rest, meta or None) of the newest step <= at_most that passes its
     checks (all steps when at_most is None), as loop._restore_or_init restores a run;
     damaged newer steps are set aside. fresh(): the member's fresh (params, opt_state,
@@ -156,7 +156,7 @@ def _restore_member(ckpt, fresh, layout: runtime.Layout, model: runtime.Model,
     candidates = [s for s in ckpt.all_steps()[::-1] if at_most is None or s <= at_most]
     if not candidates:
         params, opt_state, rest = fresh()
-        return loop._State(params, opt_state, 0, loop._EarlyStop(patience)), rest, None
+        return loop._State(params, opt_state, 0, new_early()), rest, None
     rest = fresh()[2]
     for step in candidates:
         try:
@@ -168,19 +168,19 @@ def _restore_member(ckpt, fresh, layout: runtime.Layout, model: runtime.Model,
             moved = ckpt.set_aside(e.step)
             print(f"{e}; moved to {moved}", file=sys.stderr, flush=True)
             continue
-        early = loop._EarlyStop(patience, meta.get("early_stop"))
+        early = new_early(meta.get("early_stop"))
         return loop._State(params, opt_state, step, early), rest, meta
     raise loop.TrainingError(f"no checkpoint in {ckpt.directory} can be read")
 
 
-def _restore_all(ckpts, freshes, models, layout, patience, model_section,
+def _restore_all(ckpts, freshes, models, layout, new_early, model_section,
                  diverged: list[bool]):
     """Every member restored at one population step: the newest step that all members
     still training have (a kill between two members' saves leaves some a step ahead;
     they go back to the common one). A member stopped early at or before that step
     stays at its stop; a diverged member is restored (for its results) but frozen.
     freshes[i](): member i's fresh (params, opt_state, rest)."""
-    first = [_restore_member(c, f, layout, m, patience, model_section, None)
+    first = [_restore_member(c, f, layout, m, new_early, model_section, None)
              for c, f, m in zip(ckpts, freshes, models)]
     going = [st.step for (st, _, _), gone in zip(first, diverged)
              if not st.early.stopped and not gone]
@@ -188,7 +188,7 @@ def _restore_all(ckpts, freshes, models, layout, patience, model_section,
     out = []
     for (st, rest, meta), c, f, m in zip(first, ckpts, freshes, models):
         if target is not None and st.step > target:
-            st, rest, meta = _restore_member(c, f, layout, m, patience, model_section,
+            st, rest, meta = _restore_member(c, f, layout, m, new_early, model_section,
                                              target)
             if st.step != target and not st.early.stopped:
                 raise loop.TrainingError(
@@ -290,7 +290,7 @@ def _train_population(config, workdir: pathlib.Path, members: list[Member],
     models = [d[0] for d in described]
     layout = described[0][1]
     packed = datasets[members[0].seed].packed
-    patience = int(t_cfg.get("early_stop_patience", 0) or 0)
+    new_early = loop.early_stop_rule(t_cfg)
     keep_best = bool(t_cfg.get("keep_best", True))
     n_params = model_state.num_params(models[0].shapes)
 
@@ -305,7 +305,7 @@ def _train_population(config, workdir: pathlib.Path, members: list[Member],
             keep_best=keep_best))) for m in members]
         fresh = _FreshStates(model_cfg, models[0], layout)
         freshes = [functools.partial(fresh, m.seed) for m in members]
-        restored = _restore_all(ckpts, freshes, models, layout, patience,
+        restored = _restore_all(ckpts, freshes, models, layout, new_early,
                                 config.model.to_dict(),
                                 [member_name(m.lr, m.seed) in record["diverged"]
                                  for m in members])
@@ -536,11 +536,9 @@ class _Population:
             entry = _eval_entry(total[i], step)
             r.sinks.record(entry)
             out[r] = entry["eval_loss"]
-            if r.early.update(entry["eval_loss"], step):
-                self.progress.write(
-                    f"{r.member.workdir.name} step {step}: no new best eval_loss in "
-                    f"{r.early.limit} evaluations (best {r.early.best:.4f} at step "
-                    f"{r.early.best_step}); stopping early")
+            if r.early.update(entry["eval_loss"], step, entry["eval_accuracy"]):
+                self.progress.write(f"{r.member.workdir.name} step {step}: "
+                                    f"{r.early.reason}; stopping early")
         return out
 
     def finish(self) -> list[dict]:

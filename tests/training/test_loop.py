@@ -208,3 +208,40 @@ def test_early_stopping_stops_where_an_uninterrupted_run_would(tmp_path):
 
     again = loop.train(tiny_config(**kw), str(tmp_path / "whole"))
     assert again["step"] == 6 and max(train_losses(tmp_path / "whole")) == 6
+
+
+def eval_accuracies(workdir) -> dict:
+    with open(workdir / "metrics.jsonl") as f:
+        entries = [json.loads(line) for line in f]
+    return {e["step"]: e["eval_accuracy"] for e in entries if "eval_accuracy" in e}
+
+
+def test_early_stop_accuracy_stops_at_the_first_eval_above_it(tmp_path):
+    """train.early_stop_accuracy (Zoology's stop at valid accuracy > 0.99): a run stops at
+    the first evaluation whose accuracy exceeds the threshold, with the losses of the
+    uninterrupted run up to there; a threshold above every accuracy never stops it."""
+    kw = {"train.steps": 12, "train.eval_every": 2, "train.checkpoint_every": 0,
+          "train.lr": 1e-2}
+    whole = loop.train(tiny_config(**kw), str(tmp_path / "whole"))
+    acc = eval_accuracies(tmp_path / "whole")
+    steps = sorted(s for s in acc if s < whole["step"])
+    # The first eval that sets a new record above every earlier one (and above 0).
+    record, stop_at, threshold = 0.0, None, None
+    for s in steps:
+        if acc[s] > record:
+            if s > steps[0]:
+                stop_at, threshold = s, (record + acc[s]) / 2
+                break
+            record = acc[s]
+    assert stop_at is not None, f"the tiny run never improved its accuracy: {acc}"
+    stopped = loop.train(tiny_config(**kw, **{"train.early_stop_accuracy": threshold}),
+                         str(tmp_path / "stopped"))
+    assert stopped["step"] == stop_at
+    losses = train_losses(tmp_path / "stopped")
+    assert losses == {s: v for s, v in train_losses(tmp_path / "whole").items()
+                      if s <= stop_at}
+    never = loop.train(tiny_config(**kw, **{"train.early_stop_accuracy": 0.999999}),
+                       str(tmp_path / "never"))
+    assert never["step"] == 12 or max(acc.values()) > 0.999999
+    with pytest.raises(config_tools.ConfigError, match="early_stop_accuracy"):
+        loop.train(tiny_config(**{"train.early_stop_accuracy": 99.0}), str(tmp_path / "bad"))
