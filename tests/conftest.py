@@ -16,14 +16,25 @@ same train step). So, for the test session only:
   between runs compare like with like.
 Set JAX_COMPILATION_CACHE_DIR beforehand to use your own cache, or LINMIX_TEST_XLA=0 to
 leave XLA at its defaults.
+
+A full garbage collection walks every live object, and late in a session (thousands of
+traced and compiled programs) one takes about a second; the checkpoint code collects
+after every orbax read and write (training/checkpoint.py), which was a quarter of the
+suite's time. So the objects alive when a test starts are frozen (gc.freeze: left out of
+collections, never freed while frozen): a collection inside a test walks only what the
+test made, and still finds all of that. At each module's start they are unfrozen and
+collected once, so nothing an earlier module dropped stays.
 """
 import atexit
+import gc
 import importlib.util
 import os
 import pathlib
 import shutil
 import sys
 import tempfile
+
+import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -58,3 +69,17 @@ if _ON and "JAX_COMPILATION_CACHE_DIR" not in os.environ:
         import jax
         jax.config.update("jax_compilation_cache_dir", _cache)
         jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _collect_once_per_module():
+    gc.unfreeze()
+    gc.collect()
+    gc.freeze()
+    yield
+
+
+@pytest.fixture(autouse=True)
+def _older_objects_frozen(_collect_once_per_module):
+    gc.freeze()
+    yield
