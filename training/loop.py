@@ -178,7 +178,9 @@ class _EarlyStop:
         self.best_step = saved.get("best_step")
         self.since_best = int(saved.get("since_best", 0))
         self.stopped = bool(saved.get("stopped"))
-        self.reason = saved.get("reason")
+        # Checkpoints from before the reason was recorded: stopped by patience.
+        self.reason = saved.get("reason") or ("no new best eval_loss" if self.stopped
+                                              else None)
 
     def update(self, eval_loss: float, step: int | None = None,
                eval_accuracy: float | None = None) -> bool:
