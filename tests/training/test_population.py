@@ -161,3 +161,34 @@ def test_sigkill_then_rerun_of_the_cli_gives_bitwise_same_losses(tmp_path):
             expected = losses(member_dir(tmp_path / "ref", lr, s))
             assert sorted(got) == list(range(1, 61))
             assert got == expected
+
+
+def test_early_stop_accuracy_stops_a_member_where_its_separate_run_stops(tmp_path):
+    # The threshold sits between the lr 1e-2 run's best accuracy so far and the first
+    # eval that beats it, so that run stops there; the member stops at the same step with
+    # the same losses, and the lr 0 member (accuracy fixed at its first eval's) does not.
+    kw = {"train.steps": 12, "train.eval_every": 2, "train.checkpoint_every": 0}
+    whole_dir = tmp_path / "whole"
+    loop.train(tiny_config(**kw, **{"train.lr": 1e-2}), whole_dir)
+    acc = [(e["step"], e["eval_accuracy"]) for e in metrics.read_metrics(whole_dir)
+           if "eval_accuracy" in e and e["step"] < 12]
+    fixed = population.train_population(tiny_config(**kw), tmp_path / "fixed", (0.0,), (0,))
+    floor = fixed[0]["eval_accuracy"]  # lr 0: every eval sees the initial parameters
+    record, stop_at, threshold = max(floor, acc[0][1]), None, None
+    for step, a in acc[1:]:
+        if a > record:
+            stop_at, threshold = step, (record + a) / 2
+            break
+    assert stop_at is not None, f"the tiny run never beat its first accuracy: {acc}"
+    over = dict(kw, **{"train.early_stop_accuracy": threshold})
+    results = population.train_population(tiny_config(**over), tmp_path / "pop",
+                                          (0.0, 1e-2), (0,))
+    still, stopped = results
+    assert (still["status"], still["step"]) == ("done", 12)
+    assert (stopped["status"], stopped["step"]) == ("stopped early", stop_at)
+    ref_dir = tmp_path / "sep"
+    ref = loop.train(tiny_config(**over, **{"train.lr": 1e-2}), ref_dir)
+    assert ref["step"] == stop_at
+    expected, got = losses(ref_dir), losses(member_dir(tmp_path / "pop", 1e-2, 0))
+    assert sorted(got) == sorted(expected)
+    assert max(abs(got[s] - expected[s]) for s in expected) <= 1e-6
