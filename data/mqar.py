@@ -148,8 +148,7 @@ def distinct_weighted(rng: np.random.Generator, rows: int, p: np.ndarray,
                          f"with nonzero probability")
     with np.errstate(divide="ignore"):
         scores = np.log(p)[None, :] + rng.gumbel(size=(rows, len(p)))
-    top = np.argpartition(-scores, size - 1, axis=1)[:, :size] if size < len(p) else \
-        np.broadcast_to(np.arange(len(p)), (rows, len(p))).copy()
+    top = np.argpartition(-scores, size - 1, axis=1)[:, :size]
     order = np.argsort(-np.take_along_axis(scores, top, axis=1), axis=1)
     return np.take_along_axis(top, order, axis=1)
 

@@ -86,22 +86,14 @@ def describe(make_model: Callable[[], nnx.Module]):
 def init_sharded(make_model: Callable[[], nnx.Module], param_shardings: dict,
                  rest_sharding):
     """Builds the model inside one jit so each device creates only its own shards."""
-    def init():
-        with nnx.use_eager_sharding(False):
-            model = make_model()
-        _, params, rest = nnx.split(model, nnx.Param, ...)
-        return flat_params(params), rest
-
-    _, _, abstract_rest, *_ = describe(make_model)
-    rest_shardings = jax.tree.map(lambda _: rest_sharding, abstract_rest)
-    return jax.jit(init, out_shardings=(param_shardings, rest_shardings))()
+    return seeded_init(lambda _seed: make_model(), param_shardings, rest_sharding)(0)
 
 
 def seeded_init(make_of_seed: Callable[[Any], nnx.Module], param_shardings: dict,
                 rest_sharding) -> Callable[[int], tuple[dict, nnx.State]]:
-    """init(seed) -> (flat params, rest) as init_sharded(lambda: make_of_seed(seed))
-    gives them, from one program compiled once for every seed (the seed is its int32
-    argument), where init_sharded compiles a program per seed."""
+    """init(seed) -> (flat params, rest) of make_of_seed(seed), built inside one jit so
+    each device creates only its own shards, from one program compiled once for every
+    seed (the seed is its int32 argument)."""
     def init(seed):
         with nnx.use_eager_sharding(False):
             model = make_of_seed(seed)

@@ -114,7 +114,6 @@ class _MemberRun:
         return self.diverged_at is None and not self.early.stopped
 
 
-
 def _read_population(workdir: pathlib.Path) -> dict:
     path = workdir / POPULATION_FILE
     return json.loads(path.read_text()) if path.exists() else {"diverged": {}}
@@ -228,13 +227,12 @@ def _compile(model: runtime.Model, layout: runtime.Layout, t_cfg, mesh, packed: 
     lead = lambda tree: jax.tree.map(lambda s: _leading(s, mesh), tree)
     repl = _leading(layout.replicated, mesh)
 
-    redraw_every = max(model.redraw_every, 1)
-
     def member_step(params, opt_state, rest, batches, slot, index, active, base_key,
                     step_index):
         batch = jax.tree.map(lambda x: x[slot], batches)  # the member's seed's batch
-        keys = (jax.random.fold_in(base_key, step_index),
-                jax.random.fold_in(base_key, step_index // redraw_every))
+        # The keys a separate run's step takes, by the same rule (runtime.Steps).
+        keyed = runtime.Steps(None, None, base_key, model.redraw_every)
+        keys = (keyed.key(step_index), keyed.feature_key(step_index))
         def schedule(count):
             return jnp.stack([s(count) for s in schedules])[index]
         tx, _ = optim.make_optimizer(t_cfg, model.params, model.logical, schedule=schedule)
