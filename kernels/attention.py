@@ -199,10 +199,10 @@ def sliding_window_attention(q, k, v, *, window, segment_ids=None, scale=None, i
     """Causal softmax attention over the last `window` tokens: t sees t - window < s <= t.
 
     impl: "cudnn" (GPU, bf16/fp16, head dim a multiple of 8 up to 128: cuDNN's flash
-    kernel with its local window, segments as a mask; opt-in until it is checked on a GPU
-    against the banded form: docs/measurements/session10/window_cudnn.py), "blocked"
-    (banded, never builds T x T), "masked" (reference), "auto" (blocked when the sequence
-    is longer than two windows, else masked).
+    kernel with its local window, segments as a mask), "blocked" (banded, never builds
+    T x T), "masked" (reference), "auto" (cudnn where it applies: as accurate as the
+    banded form in bf16 and 2-4x faster (docs/benchmarks.md); else blocked when the
+    sequence is longer than two windows, else masked).
     """
     _check_qkv(q, k, v, "sliding_window_attention")
     if q.shape[1] != k.shape[1]:
@@ -222,6 +222,12 @@ def sliding_window_attention(q, k, v, *, window, segment_ids=None, scale=None, i
         return softmax_attention(q, k, v, segment_ids=segment_ids, causal=True, scale=scale,
                                  window=int(window), impl="cudnn")
     if impl == "auto":
+        if _cudnn_applies(q):
+            try:
+                return softmax_attention(q, k, v, segment_ids=segment_ids, causal=True,
+                                         scale=scale, window=int(window), impl="cudnn")
+            except Exception:  # unsupported shape/version: the banded form is exact
+                pass
         impl = "blocked" if q.shape[1] > 2 * window else "masked"
     fn = _sliding_window_blocked if impl == "blocked" else _sliding_window_masked
     return fn(q, k, v, int(window), segment_ids, scale)

@@ -12,6 +12,7 @@ import dataclasses
 import difflib
 from typing import Any, Mapping
 
+from kernels.attention import WINDOW_IMPLS
 from kernels.ops import IMPLS
 
 DTYPES = ("float32", "bfloat16", "float16")
@@ -75,6 +76,9 @@ class ModelConfig:
     base_conv_size: int = 3        # base_conv / gated_conv conv taps (kernel_size=3 in both)
     gated_conv_expand: int = 4     # gated_conv: in_proj to 4 d_model (Based's expand_proj)
     impl: str = _runtime("auto")   # kernels.ops implementation for linear ops
+    # kernels.attention.sliding_window_attention's impl for sliding-window layers (and
+    # based's window part): auto, cudnn, blocked or masked
+    window_impl: str = _runtime("auto")
     chunk_size: int = _runtime(64)
     rope_theta: float = 10000.0
     max_len: int = _runtime(2048)  # default KV-cache length
@@ -165,6 +169,8 @@ class ModelConfig:
             fail("param_dtype", f"choose one of {DTYPES}")
         if self.impl not in IMPLS:
             fail("impl", f"choose one of {IMPLS}")
+        if self.window_impl not in WINDOW_IMPLS:
+            fail("window_impl", f"choose one of {WINDOW_IMPLS}")
         if self.feature_map not in FEATURE_MAPS:
             fail("feature_map", f"choose one of {FEATURE_MAPS}")
         if self.performer_redraw_every < 0:

@@ -53,13 +53,19 @@ def taylor_symmetric(x):
     1 + d + d (d + 1) / 2 features (153 at d = 16, against 273) and the same kernel,
     taylor_symmetric(q) . taylor_symmetric(k) = 1 + s + s^2 / 2 exactly
     (sum_{i<=j} c_ij^2 q_i q_j k_i k_j = (q . k)^2 / 2). A smaller recurrent state and a
-    feature count the Pallas kernels take padded to 256 (273 would need 512)."""
+    feature count the Pallas kernels take padded to 256 (273 would need 512).
+
+    The pairs are built from slices (row i: x_i * x[i:]), not by indexing x with
+    triu_indices: a gather's gradient is a scatter-add, slow on GPUs (docs/benchmarks.md,
+    session 13); a slice's gradient is a pad, which XLA fuses with the products.
+    Same values and order as x[..., rows] * x[..., cols] for rows, cols = triu_indices(d).
+    """
     d = x.shape[-1]
-    rows, cols = np.triu_indices(d)
-    coef = np.where(rows == cols, 1.0 / math.sqrt(2.0), 1.0)  # cast to x.dtype below
-    pairs = x[..., rows] * x[..., cols] * jnp.asarray(coef, x.dtype)
+    half = jnp.asarray(1.0 / math.sqrt(2.0), x.dtype)
+    rows = [jnp.concatenate([x[..., i:i + 1] * x[..., i:i + 1] * half,
+                             x[..., i:i + 1] * x[..., i + 1:]], axis=-1) for i in range(d)]
     ones = jnp.ones((*x.shape[:-1], 1), x.dtype)
-    return jnp.concatenate([ones, x, pairs], axis=-1)
+    return jnp.concatenate([ones, x, *rows], axis=-1)
 
 
 def taylor_symmetric_dim(d: int) -> int:

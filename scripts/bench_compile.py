@@ -21,7 +21,7 @@ import time
 
 
 def one(mixer: str, layers: int, scan: bool, d_model: int, seq_len: int,
-        batch: int) -> dict:
+        batch: int, heads: int = 0) -> dict:
     import jax
     import numpy as np
 
@@ -32,7 +32,7 @@ def one(mixer: str, layers: int, scan: bool, d_model: int, seq_len: int,
     config = config_tools.load_config_file("configs/mqar.py")
     config_tools.set_values(config, {"train.batch_size": batch, "data.seq_len": seq_len})
     model_cfg = ModelConfig(vocab_size=256, d_model=d_model, num_layers=layers,
-                            num_heads=max(1, d_model // 64), mixer=mixer,
+                            num_heads=heads or max(1, d_model // 64), mixer=mixer,
                             max_len=seq_len, scan_layers=scan)
     mesh = runtime.make_mesh(config)
     model, layout = runtime.describe_model(config, model_cfg, mesh)
@@ -60,6 +60,7 @@ def main() -> None:
     p.add_argument("--d_model", type=int, default=256)
     p.add_argument("--seq_len", type=int, default=256)
     p.add_argument("--batch", type=int, default=8)
+    p.add_argument("--heads", type=int, default=0, help="0: d_model // 64")
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--out", default="")
     p.add_argument("--one", default="", help=argparse.SUPPRESS)  # mixer,layers,scan
@@ -67,7 +68,7 @@ def main() -> None:
     if a.one:
         mixer, layers, scan = a.one.split(",")
         print(json.dumps(one(mixer, int(layers), scan == "1", a.d_model, a.seq_len,
-                             a.batch)))
+                             a.batch, a.heads)))
         return
     rows = []
     for mixer in a.mixers.split(","):
@@ -78,7 +79,7 @@ def main() -> None:
                     out = subprocess.run(
                         [sys.executable, __file__, f"--one={mixer},{layers},{int(scan)}",
                          f"--d_model={a.d_model}", f"--seq_len={a.seq_len}",
-                         f"--batch={a.batch}"], capture_output=True, text=True, check=True)
+                         f"--batch={a.batch}", f"--heads={a.heads}"], capture_output=True, text=True, check=True)
                     runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
                 row = dict(runs[0], runs=[r["total_s"] for r in runs],
                            cpu_runs=[r["cpu_s"] for r in runs],

@@ -1,7 +1,8 @@
 """Tokens/s of train.py itself, side by side, and nanoGPT's train.py on the same text.
 
     python scripts/train_speed.py --text PATH/input.txt --out DIR \\
-        [--rows shake,d1024_T2048,d1024_T8192,losses] [--nanogpt PATH/nanoGPT]
+        [--rows shake,d1024_T2048,d1024_T8192,losses] [--mixers softmax,gated_deltanet]
+        [--nanogpt PATH/nanoGPT]
 
 Each row is one train.py process after the other (nothing else on the device), and its
 figure is the median of the rates train.py logs every 10 steps (metrics.jsonl) over the
@@ -39,6 +40,15 @@ def d1024(seq_len: int) -> list[str]:
             "--config.model.num_heads=8", f"--config.model.max_len={seq_len}",
             f"--config.data.seq_len={seq_len}", "--config.data.sample_by=paragraph",
             "--config.train.batch_size=4"]
+
+
+def mixer_args(mixer: str) -> list[str]:
+    """train.py flags of a row's mixer; "hybrid" is the 1-in-8 hybrid (configs/hybrid.py's
+    pattern)."""
+    if mixer == "hybrid":
+        return ["--config.model.mixer=gated_deltanet",
+                "--config.model.layer_pattern=7*gated_deltanet,softmax"]
+    return [f"--config.model.mixer={mixer}"]
 
 
 def run_ours(name, config, text, steps, log_every, extra, workroot) -> dict:
@@ -96,6 +106,8 @@ def main(argv=None):
     ap.add_argument("--out", required=True)
     ap.add_argument("--rows", default="shake,d1024_T2048,d1024_T8192,losses")
     ap.add_argument("--steps", type=int, default=320)
+    ap.add_argument("--mixers", default="softmax,gated_deltanet",
+                    help="mixer names, or hybrid (7 gated_deltanet layers + 1 softmax)")
     ap.add_argument("--nanogpt", default="", help="a karpathy/nanoGPT checkout")
     ap.add_argument("--workroot", default="/tmp/train_speed")
     args = ap.parse_args(argv)
@@ -115,19 +127,18 @@ def main(argv=None):
     if args.nanogpt:
         record("nanogpt", run_nanogpt(pathlib.Path(args.nanogpt), text, args.steps))
     rows = set(filter(None, args.rows.split(",")))
-    mixers = ("softmax", "gated_deltanet")
+    mixers = args.mixers.split(",")
     if "shake" in rows:
         for mixer in mixers:
             name = f"shake_{mixer}"
             record(name, run_ours(name, SHAKESPEARE, text, args.steps, 10,
-                                  [f"--config.model.mixer={mixer}"], workroot))
+                                  mixer_args(mixer), workroot))
     for seq_len in (2048, 8192):
         if f"d1024_T{seq_len}" in rows:
             for mixer in mixers:
                 name = f"d1024_T{seq_len}_{mixer}"
                 record(name, run_ours(name, "configs/lm_files.py", text, args.steps, 10,
-                                      d1024(seq_len) + [f"--config.model.mixer={mixer}"],
-                                      workroot))
+                                      d1024(seq_len) + mixer_args(mixer), workroot))
     if "losses" in rows:
         gdn = ["--config.model.mixer=gated_deltanet"]
         record("losses_pallas", run_ours("losses_pallas", SHAKESPEARE, text, 200, 1, gdn,

@@ -157,7 +157,8 @@ class SlidingWindowAttention(_Attention):
                                       window=self.window, **drop)
         else:  # split along time under a `sequence` mesh (kernels.context_parallel)
             o = context_parallel.sliding_window_attention(q, k, v, window=self.window,
-                                                          segment_ids=segment_ids)
+                                                          segment_ids=segment_ids,
+                                                          impl=self.cfg.window_impl)
         return self._out(o)
 
     def init_state(self, batch: int, max_len: int):
