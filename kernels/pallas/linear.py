@@ -65,18 +65,22 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None,
         p = prep.einsum("bhntd,bhnsd->bhnts", qc, kc, dtype=dtype) * mask
         gcl = jnp.zeros((b, h, n), f32)
     else:
-        if log_decay is None:   # packed documents without decay: G = 0, masked
-            g = jnp.zeros((b, t, h), jnp.float32)
+        if log_decay is None:
+            # Packed documents without decay: G = 0 and D = the causal mask, masked by
+            # run below. Spelled out, not cumsums of zeros, for the reason above.
+            gam = jnp.zeros((b, tp, h), jnp.float32)
+            gc = jnp.zeros((b, h, n, c), jnp.float32)
+            dmat = jnp.tril(jnp.ones((c, c), jnp.float32))
         else:
             g = jnp.asarray(log_decay, jnp.float32)
-        if g.shape == (h,):
-            g = jnp.broadcast_to(g, (b, t, h))
-        elif g.shape != (b, t, h):
-            raise ValueError(f"{op}: log_decay must be (heads,) or (batch, time, heads) = "
-                             f"{(b, t, h)}, got {g.shape}")
-        g = common.pad_time(g, tp)
-        gam = prep.in_chunk_cumsum(g, c)     # G; masked below for packed documents
-        gc, dmat, _ = prep.decay_terms(prep.chunked(g, b, h, n, c))
+            if g.shape == (h,):
+                g = jnp.broadcast_to(g, (b, t, h))
+            elif g.shape != (b, t, h):
+                raise ValueError(f"{op}: log_decay must be (heads,) or (batch, time, "
+                                 f"heads) = {(b, t, h)}, got {g.shape}")
+            g = common.pad_time(g, tp)
+            gam = prep.in_chunk_cumsum(g, c)     # G; masked below for packed documents
+            gc, dmat, _ = prep.decay_terms(prep.chunked(g, b, h, n, c))
         if segment_ids is not None:
             runs, prev_run = documents.chunk_runs(segment_ids, b, t, tp, c)
             dmat = jnp.where(documents.same_run(runs.reshape(b, 1, n, c)), dmat, 0.0)
