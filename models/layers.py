@@ -185,21 +185,25 @@ class ShortConv(nnx.Module):
     def _taps(self, xp, segp):
         """The conv of xp's last T positions, xp (B, c-1+T, C) holding the c-1 inputs
         before them first; segp (B, c-1+T) their segment ids (-1 for a state) or None."""
+        # Sums, bias and SiLU in float32 whatever the input dtype (fla's causal_conv1d
+        # accumulates in float32 too): a bfloat16 sum of the taps rounds at every add, and
+        # the weights' gradient would be reduced over B x T in bfloat16. The casts sit
+        # inside the same fusion, so no extra memory traffic.
         c = self.size
         t = xp.shape[1] - (c - 1)
-        w = self.kernel[...].astype(xp.dtype)
-        y = jnp.zeros((xp.shape[0], t, xp.shape[2]), xp.dtype)
+        w = self.kernel[...].astype(jnp.float32)
+        y = jnp.zeros((xp.shape[0], t, xp.shape[2]), jnp.float32)
         for i in range(c):
             back = c - 1 - i  # this tap reads x_{t - back}
-            tap = xp[:, i:i + t]
+            tap = xp[:, i:i + t].astype(jnp.float32)
             if segp is not None and back > 0:
                 tap = jnp.where((segp[:, i:i + t] == segp[:, c - 1:])[..., None], tap, 0)
             y = y + tap * w[i]
         if self.bias is not None:
-            y = y + self.bias[...].astype(xp.dtype)
+            y = y + self.bias[...].astype(jnp.float32)
         if self.activation:
             y = jax.nn.silu(y)
-        return y
+        return y.astype(xp.dtype)
 
 
 # --- MLP ------------------------------------------------------------------------------

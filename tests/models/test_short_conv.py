@@ -254,3 +254,19 @@ def test_flops_count_the_convs_through_their_weights():
     n = sum(p.size for p in jax.tree.leaves(nnx.state(hybrid, nnx.Param)))
     linear_mixing = get_mixer("linear").flops_per_token(hybrid.cfg, 64)
     assert hybrid.flops_per_token(64) == 2 * n + linear_mixing
+
+
+def test_bfloat16_short_conv_rounds_once():
+    """bfloat16 inputs: the taps are summed and the SiLU taken in float32 and rounded to
+    bfloat16 once (as fla's causal_conv1d), so every output is the float64 result of the
+    same bfloat16 inputs and float32 weights rounded to the nearest bfloat16, within one unit of
+    rounding of the float32 arithmetic."""
+    cfg = tiny_config(conv_size=4)
+    conv = ShortConv(cfg, 64, rngs=nnx.Rngs(0))
+    x = x_of((B, 256, 64)).astype(jnp.bfloat16)
+    y, _ = conv(x)
+    assert y.dtype == jnp.bfloat16
+    ref = reference.silu(np_causal_conv1d(np.asarray(x, np.float64), torch_weight(conv)))
+    got = np.asarray(y, np.float64)
+    ulp = 2.0 ** (np.floor(np.log2(np.maximum(np.abs(ref), 1e-30))) - 7)  # bf16 spacing
+    assert np.all(np.abs(got - ref) <= 0.5 * ulp * 1.01 + 1e-30)
