@@ -57,6 +57,8 @@ def main():
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--mixers", default="hedgehog,based,gated_deltanet")
     p.add_argument("--teacher_config", default="configs/shakespeare_char_gpu.py")
+    p.add_argument("--teacher_dir", help="use finished teacher runs instead of training "
+                   "them: a workdir path with {seed} in it (e.g. runs/t/teacher_seed{seed})")
     p.add_argument("--stage1_steps", type=int, default=250)
     p.add_argument("--stage2_steps", type=int, default=250)
     p.add_argument("--eval_batches", type=int, default=200)
@@ -85,9 +87,12 @@ def main():
         results.write_text(json.dumps(rows, indent=2) + "\n")
 
     for seed in [int(s) for s in args.seeds.split(",")]:
-        teacher = out / f"teacher_seed{seed}"
-        _run([py, "train.py", f"--config={args.teacher_config}", f"--workdir={teacher}",
-              f"--config.train.seed={seed}", *common, *args.extra], log)
+        if args.teacher_dir:
+            teacher = pathlib.Path(args.teacher_dir.format(seed=seed))
+        else:
+            teacher = out / f"teacher_seed{seed}"
+            _run([py, "train.py", f"--config={args.teacher_config}", f"--workdir={teacher}",
+                  f"--config.train.seed={seed}", *common, *args.extra], log)
         record(seed=seed, run="softmax teacher", mixer="softmax",
                eval_loss=_final_eval(teacher))
         steps = args.stage1_steps + args.stage2_steps

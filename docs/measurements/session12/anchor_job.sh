@@ -6,6 +6,8 @@
 # 0, 1, 2, 1,955 steps (5 epochs of Zoology's 100k examples; ours draws fresh examples),
 # float32, cosine to 0. Mixers: Zoology attention / based / gated_delta_net against our
 # softmax (1 head) / taylor (1 head, feature dim 8) / gated_deltanet (2 heads).
+# OURS (name:heads ...), ZOOLOGY (comma list) and PARALLEL pick other rows (session 13:
+# OURS=deltanet:2 ZOOLOGY=delta_net,gated_delta_net PARALLEL=6).
 #   carry: .whl2 .jobs     run from the repository root; results under $OUT
 set -u
 pip install -q --no-index --no-deps --target /tmp/site_ml .whl2/ml_collections*.whl
@@ -14,7 +16,7 @@ W=/tmp/anchor_runs
 rm -rf "$W"; mkdir -p "$W" "$OUT/ours"
 STEPS=${STEPS:-1955}
 BUDGET=${BUDGET:-540}
-for spec in softmax:1 taylor:1 gated_deltanet:2; do
+for spec in ${OURS:-softmax:1 taylor:1 gated_deltanet:2}; do
   name=${spec%%:*}; heads=${spec##*:}
   # No preallocation: session 12's first run preallocated 0.18 of the GPU for each of
   # ours (25.8 GB) and Zoology's gated_delta_net and one based run ran out of memory.
@@ -31,8 +33,8 @@ for spec in softmax:1 taylor:1 gated_deltanet:2; do
 done
 PYTHONPATH=/tmp/site:.jobs/zoology PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
   python docs/measurements/session12/zoology_anchor.py \
-  --mixers=attention,based,gated_delta_net --seeds=0,1,2 --lrs=2.1544347e-3 \
-  --steps="$STEPS" --epochs=5 --parallel=9 --budget_s="$BUDGET" --out="$OUT/zoology" \
+  --mixers=${ZOOLOGY:-attention,based,gated_delta_net} --seeds=0,1,2 --lrs=2.1544347e-3 \
+  --steps="$STEPS" --epochs=5 --parallel=${PARALLEL:-9} --budget_s="$BUDGET" --out="$OUT/zoology" \
   > "$OUT/zoology.out" 2>&1 &
 wait
 for f in "$OUT"/ours/*.out; do echo "== $f"; grep -v "^step [0-9]*:" "$f" | tail -8; grep "^step" "$f" | tail -2; done

@@ -31,6 +31,8 @@ What is Zoology's and where each value comes from (paths under .jobs/zoology/zoo
   * based: Based(feature_dim=--based_feature_dim, default 8 as in iclr24_zoology_figure2/
     configs.py; the Based-era sweep has 8/16/24), feature_name taylor_exp,
     num_heads=1, num_key_value_heads=1, train_view quadratic          (models_repo.py)
+  * delta_net: DeltaNet(num_heads=2, use_beta=True, use_gate=False, use_short_conv=True,
+    conv_size=4)                                                      (models_repo.py)
   * gated_delta_net: GatedDeltaNet(num_heads=2, use_gate=False, use_short_conv=True,
     conv_size=4; class defaults expand_v=2, mode chunk, norm_eps 1e-5) (models_repo.py;
     mixers/gated_delta_net.py, which needs fla)
@@ -79,7 +81,7 @@ import traceback
 import types
 
 HERE = os.path.abspath(__file__)
-MIXERS = ("attention", "based", "gated_delta_net")
+MIXERS = ("attention", "based", "delta_net", "gated_delta_net")
 
 
 # ---------------------------------------------------------------- stubs (no wandb) -----
@@ -163,6 +165,7 @@ def build_configs(a, mixer, lr, seed, train_examples, epochs):
         kwargs={"l_max": input_seq_len, "kernel_size": 3, "implicit_long_conv": True},
     )
     add = {"attention": models_repo.add_attention, "based": models_repo.add_based,
+           "delta_net": models_repo.add_delta_net,
            "gated_delta_net": models_repo.add_gated_delta_net}[mixer]
     models = add([], conv_mixer, input_seq_len, model_factory_kwargs)
     models = [m for m in models if m.d_model == a.d_model and m.name == mixer]
@@ -263,7 +266,7 @@ def child(a):
         from zoology.data.utils import prepare_data
         from zoology.utils import set_determinism
 
-        if a.mixer == "gated_delta_net":
+        if a.mixer in ("delta_net", "gated_delta_net"):
             # zoology/mixers/gated_delta_net.py hides fla's import error behind an
             # `assert 0`; import what it imports first, so the real error shows
             import fla
