@@ -15,9 +15,10 @@ Three phases, so that only the small state recurrence runs sequentially:
   2. a lax.scan over chunks carrying the float32 state S (C x F x Dv work per step),
      emitting the state entering each chunk (and U for the delta rule);
   3. outputs (all chunks at once) from those states.
-Phases 1 and 3 are wrapped in jax.checkpoint: the backward pass keeps their inputs and the
-chunk-boundary states, never a per-token state or the C x C decay/score matrices, and
-recomputes the rest chunk-parallel.
+Past REMAT_TOKENS tokens, phases 1 and 3 run under jax.checkpoint: the backward pass keeps
+their inputs and the chunk-boundary states, never a per-token state or the C x C
+decay/score matrices, and recomputes the rest chunk-parallel. Shorter sequences keep them
+(little memory) and compute the decay terms once for both phases.
 
 Segments: a "run" index per token (kernels.common.run_ids). Pairs (t, s) in different runs
 are masked out of L; S_0 reaches only tokens still in the run that was open before the
@@ -27,6 +28,8 @@ Arrays here are head-major and chunked, (B, H, N, C, dim), in the compute dtype 
 The "parallel" forms are the same code with one chunk holding the whole sequence.
 """
 from __future__ import annotations
+
+import functools
 
 import jax
 import jax.numpy as jnp
@@ -81,48 +84,119 @@ def _substitute(a, rhs, *, reverse: bool):
     return jax.lax.fori_loop(0, c, row, rhs)
 
 
+def _strictly_lower_part(x):
+    c = x.shape[-1]
+    return jnp.where(jnp.tril(jnp.ones((c, c), bool), -1), x, 0.0)
+
+
 @jax.custom_vjp
-def _solve_unit_lower(a, rhs):
-    """Solve (I + a) x = rhs for strictly lower triangular a (..., C, C), in float32."""
+def _solve_by_substitution(a, rhs):
+    """Solve (I + a) x = rhs for strictly lower triangular a (..., C, C), row by row."""
     return _substitute(a, rhs, reverse=False)
 
 
-def _solve_unit_lower_fwd(a, rhs):
-    x = _solve_unit_lower(a, rhs)
+def _solve_by_substitution_fwd(a, rhs):
+    x = _solve_by_substitution(a, rhs)
     return x, (a, x)
 
 
-def _solve_unit_lower_bwd(res, dx):
+def _solve_by_substitution_bwd(res, dx):
     # x = (I + a)^-1 rhs  =>  d_rhs = (I + a)^-T dx,  d_a = -strict_lower(d_rhs x^T).
     a, x = res
     d_rhs = _substitute(jnp.swapaxes(a, -1, -2), dx, reverse=True)
+    return _strictly_lower_part(-einsum("...id,...jd->...ij", d_rhs, x)), d_rhs
+
+
+_solve_by_substitution.defvjp(_solve_by_substitution_fwd, _solve_by_substitution_bwd)
+
+
+def _unit_lower_inverse(a, block):
+    """(I + a)^-1 for strictly lower triangular a (..., C, C), in blocks of `block` rows.
+
+    The diagonal blocks' inverses all at once by forward substitution (block - 1 steps),
+    then block row i from the rows above it, T[i, :i] = -T[i, i] a[i, :i] T[:i, :i]
+    (C / block - 1 matmul steps): far fewer sequential steps than C rows. a is padded with
+    zeros to whole blocks, which leaves the leading C x C block of the inverse unchanged.
+    """
     c = a.shape[-1]
-    strict = jnp.tril(jnp.ones((c, c), bool), -1)
-    d_a = jnp.where(strict, -einsum("...id,...jd->...ij", d_rhs, x), 0.0)
-    return d_a, d_rhs
+    nb = -(-c // block)
+    ap = pad_axis(pad_axis(a, nb * block, -1), nb * block, -2)
+    blocks = ap.reshape(ap.shape[:-2] + (nb, block, nb, block))
+    # (..., nb, bk, bk); no axis of size 1 for a single block (_to_chunks says why)
+    diag = ap if nb == 1 else jnp.stack([blocks[..., i, :, i, :] for i in range(nb)], -3)
+    eye = jnp.eye(block, dtype=a.dtype)
+    t = jnp.broadcast_to(eye, diag.shape)
+    for i in range(1, block):
+        row = eye[i] - einsum("...j,...jd->...d", diag[..., i, :i], t[..., :i, :])
+        t = t.at[..., i, :].set(row)
+    if nb == 1:
+        return t[..., :c, :c]
+    inv = t[..., 0, :, :]
+    for i in range(1, nb):
+        done = i * block
+        below = einsum("...ij,...jk->...ik", ap[..., done:done + block, :done], inv)
+        off = -einsum("...ij,...jk->...ik", t[..., i, :, :], below)
+        top = jnp.concatenate([inv, jnp.zeros(inv.shape[:-1] + (block,), a.dtype)], axis=-1)
+        inv = jnp.concatenate([top, jnp.concatenate([off, t[..., i, :, :]], axis=-1)], -2)
+    return inv[..., :c, :c]
 
 
-_solve_unit_lower.defvjp(_solve_unit_lower_fwd, _solve_unit_lower_bwd)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
+def _solve_by_inverse(a, rhs, block):
+    """Solve (I + a) x = rhs for strictly lower triangular a (..., C, C) as T rhs with
+    T = (I + a)^-1 (_unit_lower_inverse). The backward pass needs no solve: d_rhs = T^T dx."""
+    return einsum("...ij,...jd->...id", _unit_lower_inverse(a, block), rhs)
+
+
+def _solve_by_inverse_fwd(a, rhs, block):
+    t = _unit_lower_inverse(a, block)
+    x = einsum("...ij,...jd->...id", t, rhs)
+    return x, (t, x)
+
+
+def _solve_by_inverse_bwd(block, res, dx):
+    t, x = res
+    d_rhs = einsum("...ji,...jd->...id", t, dx)
+    return _strictly_lower_part(-einsum("...id,...jd->...ij", d_rhs, x)), d_rhs
+
+
+_solve_by_inverse.defvjp(_solve_by_inverse_fwd, _solve_by_inverse_bwd)
+
+# Chunks of up to this many tokens solve through the explicit inverse (C^3 / 3 work per
+# chunk, about the substitution's C^2 (F + Dv) / 2 at C = 64 with F = Dv = 32, in
+# INVERSE_BLOCK - 1 + C / INVERSE_BLOCK - 1 sequential steps instead of C, and no solve in
+# the backward pass); longer ones (the parallel form of a long sequence) row by row, whose
+# work grows as C^2 only.
+INVERSE_MAX_CHUNK = 128
+INVERSE_BLOCK = 16
+
+
+def _solve_unit_lower(a, rhs, inverse_max_chunk=INVERSE_MAX_CHUNK, block=INVERSE_BLOCK):
+    """Solve (I + a) x = rhs for strictly lower triangular a (..., C, C), in float32.
+
+    Plain XLA ops rather than LAPACK's trsm: on small CPU machines XLA's thread pool can
+    deadlock inside that custom call."""
+    if a.shape[-1] <= inverse_max_chunk:
+        return _solve_by_inverse(a, rhs, block)
+    return _solve_by_substitution(a, rhs)
 
 
 # ----------------------------------------------------------------------------- phases
 
-@jax.checkpoint
-def _linear_prepare(k, v, g, run, prev_run):
+def _linear_prepare(k, v, terms):
     """Each chunk's own contribution to the state, (K * e^{G_C - G})^T V, and e^{G_C}."""
-    _, _, key_weight, gamma_end = _decay_terms(g, run, prev_run, k.dtype)
-    write = einsum("bhncf,bhncd->bhnfd", k * key_weight[..., None], v)
+    _, _, key_weight, gamma_end = terms
+    write = einsum("...cf,...cd->...fd", k * key_weight[..., None], v)
     return write, gamma_end
 
 
-@jax.checkpoint
-def _delta_prepare(k, v, g, beta, run, prev_run):
+def _delta_prepare(k, v, beta, terms):
     """The UT transform of every chunk: U~ = T V, W = T (K * e^G), T = (I + A)^-1 diag(beta);
     plus the key weights for the state update."""
-    decay, gamma, key_weight, gamma_end = _decay_terms(g, run, prev_run)
-    c = run.shape[-1]
+    decay, gamma, key_weight, gamma_end = terms
+    c = k.shape[-2]
     strict = jnp.tril(jnp.ones((c, c), bool), -1)
-    kk = einsum("bhntf,bhnsf->bhnts", k, k)
+    kk = einsum("...tf,...sf->...ts", k, k)
     a = jnp.where(strict, beta[..., :, None] * decay * kk, 0.0)
     rhs = beta[..., None] * jnp.concatenate([v, k * gamma[..., None]], axis=-1)
     sol = _solve_unit_lower(a, rhs)
@@ -130,15 +204,24 @@ def _delta_prepare(k, v, g, beta, run, prev_run):
     return sol[..., :dv], sol[..., dv:], k * key_weight[..., None], gamma_end
 
 
-@jax.checkpoint
-def _outputs(q, k, values, g, run, prev_run, states):
+def _outputs(q, k, values, states, terms):
     """O = (Q * e^G) S_0 + ((Q K^T) * e^L) values, for every chunk at once.
 
-    states: (B,H,N,F,Dv), the state entering each chunk."""
-    decay, gamma, _, _ = _decay_terms(g, run, prev_run, q.dtype)
-    scores = einsum("bhntf,bhnsf->bhnts", q, k) * decay
-    o = einsum("bhntf,bhnfd->bhntd", q * gamma[..., None], states)
-    return o + einsum("bhnts,bhnsd->bhntd", scores, values)
+    states: (B,H,N,F,Dv), the state entering each chunk ((B,H,F,Dv) for a single chunk)."""
+    decay, gamma, _, _ = terms
+    scores = einsum("...tf,...sf->...ts", q, k) * decay
+    o = einsum("...tf,...fd->...td", q * gamma[..., None], states)
+    return o + einsum("...ts,...sd->...td", scores, values)
+
+
+def _with_terms(phase, dtype):
+    """phase(*arrays, terms) as a function of (*arrays, g, run, prev_run), under
+    jax.checkpoint: the backward pass keeps the phase's inputs only and recomputes the
+    decay terms and the C x C matrices chunk-parallel."""
+    def f(*args):
+        *arrays, g, run, prev_run = args
+        return phase(*arrays, _decay_terms(g, run, prev_run, dtype))
+    return jax.checkpoint(f)
 
 
 def _chunk_axis_first(x):
@@ -149,17 +232,25 @@ def _chunk_axis_back(x):
     return jnp.moveaxis(x, 0, 2)
 
 
+def _scan_chunks(step, state, xs, single):
+    """lax.scan of step over the chunk axis of xs ((B,H,N,...) arrays), under
+    jax.checkpoint; a single chunk (xs without a chunk axis) is the step itself."""
+    if single:
+        return step(state, xs)
+    final, ys = jax.lax.scan(jax.checkpoint(step), state,
+                             tuple(_chunk_axis_first(x) for x in xs))
+    return final, jax.tree.map(_chunk_axis_back, ys)
+
+
 def _linear_states(state, write, gamma_end):
     """S_{n+1} = e^{G_C} S_n + write_n. Returns (states entering each chunk, final)."""
 
-    @jax.checkpoint
     def step(s, x):
         w, ge = x
         return ge[..., None, None] * s + w, s
 
-    final, states = jax.lax.scan(step, state, (_chunk_axis_first(write),
-                                               _chunk_axis_first(gamma_end)))
-    return _chunk_axis_back(states), final
+    final, states = _scan_chunks(step, state, (write, gamma_end), write.ndim == 4)
+    return states, final
 
 
 def _delta_states(state, u_tilde, w, weighted_k, gamma_end):
@@ -167,16 +258,15 @@ def _delta_states(state, u_tilde, w, weighted_k, gamma_end):
 
     Returns (states entering each chunk, U, final state)."""
 
-    @jax.checkpoint
     def step(s, x):
         ut, w_n, kw, ge = x
         u = ut - einsum("bhtf,bhfd->bhtd", w_n, s)
         new = ge[..., None, None] * s + einsum("bhsf,bhsd->bhfd", kw, u)
         return new, (s, u)
 
-    xs = tuple(_chunk_axis_first(x) for x in (u_tilde, w, weighted_k, gamma_end))
-    final, (states, u) = jax.lax.scan(step, state, xs)
-    return _chunk_axis_back(states), _chunk_axis_back(u), final
+    final, (states, u) = _scan_chunks(step, state, (u_tilde, w, weighted_k, gamma_end),
+                                      gamma_end.ndim == 2)
+    return states, u, final
 
 
 # ----------------------------------------------------------------------------- layout
@@ -192,11 +282,19 @@ def _to_chunks(per_token, run, chunk_size):
 
     Padding tokens change nothing: zero keys/values/beta, log-decay 0, and the last run
     index, so the final state is the state after the last real token. Also returns the run
-    open before each chunk, (B,N): run 0 (the one an initial state belongs to) for chunk 0.
+    index (B,N,C) and the run open before each chunk, (B,N): run 0 (the one an initial
+    state belongs to) for chunk 0.
+
+    A sequence of one chunk keeps no chunk axis: (B,H,C,...), run (B,C), prev_run (B,).
+    The phases are written for any leading axes, and XLA's CPU reductions over an array
+    with an axis of size 1 run several times slower (x8 for the delta rule's beta and
+    gamma gradients at B32 H2 C64).
     """
     b, t = run.shape
     c = min(chunk_size, t)
     n = -(-t // c)
+    if n == 1:
+        return list(per_token), run, jnp.zeros((b,), run.dtype)
     chunks = [None if x is None else _pad_split(x, 2, n, c) for x in per_token]
     run_c = _pad_split(run, 1, n, c, mode="edge")  # (B,N,C)
     prev_run = jnp.concatenate([jnp.zeros((b, 1), run.dtype), run_c[:, :-1, -1]], axis=1)
@@ -204,33 +302,62 @@ def _to_chunks(per_token, run, chunk_size):
 
 
 def _from_chunks(o, t):
-    """(B,H,N,C,D) -> (B,H,T,D)."""
-    o = o.reshape(o.shape[:2] + (-1,) + o.shape[4:])
+    """(B,H,N,C,D) or (B,H,C,D) -> (B,H,T,D)."""
+    o = o.reshape(o.shape[:2] + (-1,) + o.shape[-1:])
     return o[:, :, :t]
 
 
 # ----------------------------------------------------------------------------- entry points
 
-def linear_attention_chunk(q, k, v, g, run, state, chunk_size):
+# Sequences of up to this many tokens (padded to whole chunks) run without jax.checkpoint:
+# the backward pass then keeps the C x C matrices of every chunk (a few times C floats per
+# token and head) instead of recomputing them, which for short sequences is little memory
+# and saves the recompute (a third of the fwd+bwd work of the delta rule at T = C = 64).
+# Longer ones recompute, so the backward never keeps per-token states or C x C matrices
+# of a long sequence.
+REMAT_TOKENS = 256
+
+
+def _remat(remat, run_c):
+    """remat as given, or (None) by size: past REMAT_TOKENS padded tokens."""
+    return run_c[0].size > REMAT_TOKENS if remat is None else remat
+
+
+def linear_attention_chunk(q, k, v, g, run, state, chunk_size, remat=None):
     """Head-major inputs (B,H,T,.), g (B,H,T) or None (no decay), run (B,T), state
-    (B,H,F,Dv).
+    (B,H,F,Dv). remat: recompute the chunk-parallel phases in the backward pass (None: by
+    size, REMAT_TOKENS).
 
     Returns (o (B,H,T,Dv), final state). The normaliser is the caller's column of ones."""
     t = q.shape[2]
     (qc, kc, vc, gc), run_c, prev_run = _to_chunks([q, k, v, g], run, chunk_size)
-    write, gamma_end = _linear_prepare(kc, vc, gc, run_c, prev_run)
-    states, final = _linear_states(state, write, gamma_end)
-    o = _outputs(qc, kc, vc, gc, run_c, prev_run, states)
+    if _remat(remat, run_c):
+        write, gamma_end = _with_terms(_linear_prepare, k.dtype)(kc, vc, gc, run_c, prev_run)
+        states, final = _linear_states(state, write, gamma_end)
+        o = _with_terms(_outputs, q.dtype)(qc, kc, vc, states, gc, run_c, prev_run)
+    else:
+        terms = _decay_terms(gc, run_c, prev_run, q.dtype)
+        write, gamma_end = _linear_prepare(kc, vc, terms)
+        states, final = _linear_states(state, write, gamma_end)
+        o = _outputs(qc, kc, vc, states, terms)
     return _from_chunks(o, t), final
 
 
-def gated_delta_chunk(q, k, v, g, beta, run, state, chunk_size):
-    """Head-major inputs (B,H,T,.), g and beta (B,H,T), run (B,T), state (B,H,K,V)."""
+def gated_delta_chunk(q, k, v, g, beta, run, state, chunk_size, remat=None):
+    """Head-major inputs (B,H,T,.), g and beta (B,H,T), run (B,T), state (B,H,K,V).
+    remat: as linear_attention_chunk's."""
     t = q.shape[2]
     (qc, kc, vc, gc, bc), run_c, prev_run = _to_chunks([q, k, v, g, beta], run, chunk_size)
-    u_tilde, w, weighted_k, gamma_end = _delta_prepare(kc, vc, gc, bc, run_c, prev_run)
-    states, u, final = _delta_states(state, u_tilde, w, weighted_k, gamma_end)
-    o = _outputs(qc, kc, u, gc, run_c, prev_run, states)
+    if _remat(remat, run_c):
+        u_tilde, w, weighted_k, gamma_end = _with_terms(_delta_prepare, jnp.float32)(
+            kc, vc, bc, gc, run_c, prev_run)
+        states, u, final = _delta_states(state, u_tilde, w, weighted_k, gamma_end)
+        o = _with_terms(_outputs, q.dtype)(qc, kc, u, states, gc, run_c, prev_run)
+    else:
+        terms = _decay_terms(gc, run_c, prev_run, q.dtype)
+        u_tilde, w, weighted_k, gamma_end = _delta_prepare(kc, vc, bc, terms)
+        states, u, final = _delta_states(state, u_tilde, w, weighted_k, gamma_end)
+        o = _outputs(qc, kc, u, states, terms)
     return _from_chunks(o, t), final
 
 

@@ -45,12 +45,22 @@ def segsum(g):
     """L[..., t, s] = sum of g[..., r] for s < r <= t (0 on and above the diagonal).
 
     Summing only the terms inside (s, t] rather than subtracting two cumulative sums keeps
-    exp(L) accurate when a very negative log-decay sits elsewhere in the sequence.
+    exp(L) accurate when a very negative log-decay sits elsewhere in the sequence. The sums
+    over t are one matmul with a lower triangular matrix of ones (XLA's CPU cumsum is a
+    reduce-window: fwd+bwd 1.2 ms against 0.8 at B32 H2 C64) over the finite terms only,
+    since 0 * -inf would be NaN: a pair whose span holds a non-finite term (-inf, a hard
+    reset) takes that term's value instead (the last one's, if several).
     """
     c = g.shape[-1]
     strictly_lower = jnp.tril(jnp.ones((c, c), bool), -1)
-    x = jnp.where(strictly_lower, g[..., :, None], 0.0)  # x[t', s] = g_t' for t' > s
-    return jnp.cumsum(x, axis=-2)
+    finite = jnp.isfinite(g)
+    # x[t', s] = g_t' for t' > s (finite terms), L = cumsum over t' = tril(ones) @ x
+    x = jnp.where(strictly_lower & finite[..., :, None], g[..., :, None], 0.0)
+    total = einsum("tr,...rs->...ts", jnp.tril(jnp.ones((c, c), g.dtype)), x)
+    pos = jnp.arange(c)
+    last_bad = jax.lax.cummax(jnp.where(finite, -1, pos), axis=g.ndim - 1)  # (..., t)
+    bad = jnp.take_along_axis(g, jnp.maximum(last_bad, 0), axis=-1)
+    return jnp.where(last_bad[..., :, None] > pos, bad[..., :, None], total)
 
 
 def suffix_sum_exclusive(g):
