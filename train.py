@@ -60,6 +60,8 @@ def precheck_argv(argv) -> None:
 
 def main(argv):
     del argv
+    from training import host_memory
+    host_memory.keep_freed_memory()  # XLA's per-step CPU buffers stay mapped
     from absl import logging
     logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
     from training import checkpoint, loop, sharding

@@ -28,7 +28,7 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 import jax  # noqa: E402
 
 from eval import speed  # noqa: E402
-from training import builders, config_tools  # noqa: E402
+from training import builders, config_tools, host_memory  # noqa: E402
 from training import sharding as shd  # noqa: E402
 
 
@@ -45,6 +45,7 @@ def main(argv=None):
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("overrides", nargs="*", help="KEY=VALUE, as train.py's --config.KEY")
     args = ap.parse_args(argv)
+    host_memory.keep_freed_memory()  # as train.py does
     config = load_config(args.config)
     for item in args.overrides:
         key, value = item.split("=", 1)
