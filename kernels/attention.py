@@ -218,16 +218,14 @@ def sliding_window_attention(q, k, v, *, window, segment_ids=None, scale=None, i
         raise ValueError(f"sliding_window_attention: segment_ids shape "
                          f"{jnp.shape(segment_ids)} must be (batch, time) = {q.shape[:2]}")
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
-    if impl == "cudnn":
-        return softmax_attention(q, k, v, segment_ids=segment_ids, causal=True, scale=scale,
-                                 window=int(window), impl="cudnn")
+    if impl == "cudnn" or (impl == "auto" and _cudnn_applies(q)):
+        try:
+            return softmax_attention(q, k, v, segment_ids=segment_ids, causal=True,
+                                     scale=scale, window=int(window), impl="cudnn")
+        except Exception:  # auto, unsupported shape/version: the banded form is exact
+            if impl == "cudnn":
+                raise
     if impl == "auto":
-        if _cudnn_applies(q):
-            try:
-                return softmax_attention(q, k, v, segment_ids=segment_ids, causal=True,
-                                         scale=scale, window=int(window), impl="cudnn")
-            except Exception:  # unsupported shape/version: the banded form is exact
-                pass
         impl = "blocked" if q.shape[1] > 2 * window else "masked"
     fn = _sliding_window_blocked if impl == "blocked" else _sliding_window_masked
     return fn(q, k, v, int(window), segment_ids, scale)
