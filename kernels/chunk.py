@@ -224,6 +224,21 @@ def _with_terms(phase, dtype):
     return jax.checkpoint(f)
 
 
+def _phases(prepare, remat, g, run, prev_run, prepare_dtype, output_dtype):
+    """(prepare, outputs) as functions of their arrays alone: each recomputing its decay
+    terms under jax.checkpoint (remat), or both sharing one computation of them."""
+    if remat:
+        def run_prepare(*arrays):
+            return _with_terms(prepare, prepare_dtype)(*arrays, g, run, prev_run)
+
+        def run_outputs(*arrays):
+            return _with_terms(_outputs, output_dtype)(*arrays, g, run, prev_run)
+        return run_prepare, run_outputs
+    terms = _decay_terms(g, run, prev_run, output_dtype)
+    return (lambda *arrays: prepare(*arrays, terms),
+            lambda *arrays: _outputs(*arrays, terms))
+
+
 def _chunk_axis_first(x):
     return jnp.moveaxis(x, 2, 0)  # (B,H,N,...) -> (N,B,H,...)
 
@@ -331,15 +346,11 @@ def linear_attention_chunk(q, k, v, g, run, state, chunk_size, remat=None):
     Returns (o (B,H,T,Dv), final state). The normaliser is the caller's column of ones."""
     t = q.shape[2]
     (qc, kc, vc, gc), run_c, prev_run = _to_chunks([q, k, v, g], run, chunk_size)
-    if _remat(remat, run_c):
-        write, gamma_end = _with_terms(_linear_prepare, k.dtype)(kc, vc, gc, run_c, prev_run)
-        states, final = _linear_states(state, write, gamma_end)
-        o = _with_terms(_outputs, q.dtype)(qc, kc, vc, states, gc, run_c, prev_run)
-    else:
-        terms = _decay_terms(gc, run_c, prev_run, q.dtype)
-        write, gamma_end = _linear_prepare(kc, vc, terms)
-        states, final = _linear_states(state, write, gamma_end)
-        o = _outputs(qc, kc, vc, states, terms)
+    prepare, outputs = _phases(_linear_prepare, _remat(remat, run_c), gc, run_c, prev_run,
+                               k.dtype, q.dtype)
+    write, gamma_end = prepare(kc, vc)
+    states, final = _linear_states(state, write, gamma_end)
+    o = outputs(qc, kc, vc, states)
     return _from_chunks(o, t), final
 
 
@@ -348,16 +359,11 @@ def gated_delta_chunk(q, k, v, g, beta, run, state, chunk_size, remat=None):
     remat: as linear_attention_chunk's."""
     t = q.shape[2]
     (qc, kc, vc, gc, bc), run_c, prev_run = _to_chunks([q, k, v, g, beta], run, chunk_size)
-    if _remat(remat, run_c):
-        u_tilde, w, weighted_k, gamma_end = _with_terms(_delta_prepare, jnp.float32)(
-            kc, vc, bc, gc, run_c, prev_run)
-        states, u, final = _delta_states(state, u_tilde, w, weighted_k, gamma_end)
-        o = _with_terms(_outputs, q.dtype)(qc, kc, u, states, gc, run_c, prev_run)
-    else:
-        terms = _decay_terms(gc, run_c, prev_run, q.dtype)
-        u_tilde, w, weighted_k, gamma_end = _delta_prepare(kc, vc, bc, terms)
-        states, u, final = _delta_states(state, u_tilde, w, weighted_k, gamma_end)
-        o = _outputs(qc, kc, u, states, terms)
+    prepare, outputs = _phases(_delta_prepare, _remat(remat, run_c), gc, run_c, prev_run,
+                               jnp.float32, q.dtype)
+    u_tilde, w, weighted_k, gamma_end = prepare(kc, vc, bc)
+    states, u, final = _delta_states(state, u_tilde, w, weighted_k, gamma_end)
+    o = outputs(qc, kc, u, states)
     return _from_chunks(o, t), final
 
 
