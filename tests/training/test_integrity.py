@@ -341,7 +341,14 @@ def test_failed_save_stops_at_once_with_one_message(trained, tmp_path, monkeypat
         def batch(self, step, batch_size, split="train"):
             if step == 5 and split == "train" and ckdir.is_dir():
                 shutil.move(str(ckdir), str(hidden))
-                ckdir.write_text("not a folder")
+                moved = 0
+                while True:  # an in-flight async save may make the folder again between
+                    try:     # the move and the write: move that one aside too, and retry
+                        ckdir.write_text("not a folder")
+                        break
+                    except IsADirectoryError:
+                        moved += 1
+                        shutil.move(str(ckdir), str(tmp_path / f"remade{moved}"))
             return self._d.batch(step, batch_size, split)
 
     monkeypatch.setattr(builders, "build_dataset", lambda c: BreaksDisk(build(c)))
