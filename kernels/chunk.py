@@ -110,51 +110,52 @@ def _solve_by_substitution_bwd(res, dx):
 _solve_by_substitution.defvjp(_solve_by_substitution_fwd, _solve_by_substitution_bwd)
 
 
-def _unit_lower_inverse(a, block):
-    """(I + a)^-1 for strictly lower triangular a (..., C, C), in blocks of `block` rows.
+def _unit_lower_inverse(a):
+    """(I + a)^-1 for strictly lower triangular a (..., C, C), by recursive halving.
 
-    The diagonal blocks' inverses all at once by forward substitution (block - 1 steps),
-    then block row i from the rows above it, T[i, :i] = -T[i, i] a[i, :i] T[:i, :i]
-    (C / block - 1 matmul steps): far fewer sequential steps than C rows. a is padded with
-    zeros to whole blocks, which leaves the leading C x C block of the inverse unchanged.
+    With X = I + a split in halves [[P, 0], [Q, R]], X^-1 = [[P^-1, 0], [-R^-1 Q P^-1,
+    R^-1]]. Every diagonal block of one size is inverted at once from the two halves below
+    it, so C = 2^n takes n levels of two batched matmuls each, starting from 1 x 1 blocks
+    (whose inverse is 1). The recursive triangular inverse is as accurate as substitution
+    (tests: keys nearly parallel too), where the power series (I - a)(I + a^2)... is not.
+    a is padded with zeros to a power of two, which leaves its C x C block unchanged.
     """
     c = a.shape[-1]
-    nb = -(-c // block)
-    ap = pad_axis(pad_axis(a, nb * block, -1), nb * block, -2)
-    blocks = ap.reshape(ap.shape[:-2] + (nb, block, nb, block))
-    # (..., nb, bk, bk); no axis of size 1 for a single block (_to_chunks says why)
-    diag = ap if nb == 1 else jnp.stack([blocks[..., i, :, i, :] for i in range(nb)], -3)
-    eye = jnp.eye(block, dtype=a.dtype)
-    t = jnp.broadcast_to(eye, diag.shape)
-    for i in range(1, block):
-        row = eye[i] - einsum("...j,...jd->...d", diag[..., i, :i], t[..., :i, :])
-        t = t.at[..., i, :].set(row)
-    if nb == 1:
-        return t[..., :c, :c]
-    inv = t[..., 0, :, :]
-    for i in range(1, nb):
-        done = i * block
-        below = einsum("...ij,...jk->...ik", ap[..., done:done + block, :done], inv)
-        off = -einsum("...ij,...jk->...ik", t[..., i, :, :], below)
-        top = jnp.concatenate([inv, jnp.zeros(inv.shape[:-1] + (block,), a.dtype)], axis=-1)
-        inv = jnp.concatenate([top, jnp.concatenate([off, t[..., i, :, :]], axis=-1)], -2)
-    return inv[..., :c, :c]
+    size = 1 << max(c - 1, 0).bit_length()
+    ap = pad_axis(pad_axis(a, size, -1), size, -2)
+    lead = ap.shape[:-2]
+    inv = jnp.ones(lead + (size, 1, 1), a.dtype)  # the 1 x 1 diagonal blocks
+    half = 1
+    while half < size:
+        n = size // (2 * half)  # diagonal blocks of 2 * half rows
+        grid = ap.reshape(lead + (n, 2 * half, n, 2 * half))
+        # the diagonal blocks, as a masked sum rather than a gather
+        diag = jnp.sum(grid * jnp.eye(n, dtype=a.dtype)[:, None, :, None], axis=-2)
+        q = diag[..., half:, :half]
+        pairs = inv.reshape(lead + (n, 2, half, half))
+        p_inv, r_inv = pairs[..., 0, :, :], pairs[..., 1, :, :]
+        off = -einsum("...ij,...jk->...ik", r_inv,
+                      einsum("...ij,...jk->...ik", q, p_inv))
+        top = jnp.concatenate([p_inv, jnp.zeros_like(p_inv)], axis=-1)
+        inv = jnp.concatenate([top, jnp.concatenate([off, r_inv], axis=-1)], axis=-2)
+        half *= 2
+    return inv[..., 0, :c, :c]
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(2,))
-def _solve_by_inverse(a, rhs, block):
+@jax.custom_vjp
+def _solve_by_inverse(a, rhs):
     """Solve (I + a) x = rhs for strictly lower triangular a (..., C, C) as T rhs with
     T = (I + a)^-1 (_unit_lower_inverse). The backward pass needs no solve: d_rhs = T^T dx."""
-    return einsum("...ij,...jd->...id", _unit_lower_inverse(a, block), rhs)
+    return einsum("...ij,...jd->...id", _unit_lower_inverse(a), rhs)
 
 
-def _solve_by_inverse_fwd(a, rhs, block):
-    t = _unit_lower_inverse(a, block)
+def _solve_by_inverse_fwd(a, rhs):
+    t = _unit_lower_inverse(a)
     x = einsum("...ij,...jd->...id", t, rhs)
     return x, (t, x)
 
 
-def _solve_by_inverse_bwd(block, res, dx):
+def _solve_by_inverse_bwd(res, dx):
     t, x = res
     d_rhs = einsum("...ji,...jd->...id", t, dx)
     return _strictly_lower_part(-einsum("...id,...jd->...ij", d_rhs, x)), d_rhs
@@ -164,20 +165,19 @@ _solve_by_inverse.defvjp(_solve_by_inverse_fwd, _solve_by_inverse_bwd)
 
 # Chunks of up to this many tokens solve through the explicit inverse (C^3 / 3 work per
 # chunk, about the substitution's C^2 (F + Dv) / 2 at C = 64 with F = Dv = 32, in
-# INVERSE_BLOCK - 1 + C / INVERSE_BLOCK - 1 sequential steps instead of C, and no solve in
-# the backward pass); longer ones (the parallel form of a long sequence) row by row, whose
-# work grows as C^2 only.
+# log2(C) matmul steps instead of C sequential rows, and no solve in the backward pass);
+# longer ones (the parallel form of a long sequence) row by row, whose work grows as C^2
+# only.
 INVERSE_MAX_CHUNK = 128
-INVERSE_BLOCK = 16
 
 
-def _solve_unit_lower(a, rhs, inverse_max_chunk=INVERSE_MAX_CHUNK, block=INVERSE_BLOCK):
+def _solve_unit_lower(a, rhs, inverse_max_chunk=INVERSE_MAX_CHUNK):
     """Solve (I + a) x = rhs for strictly lower triangular a (..., C, C), in float32.
 
     Plain XLA ops rather than LAPACK's trsm: on small CPU machines XLA's thread pool can
     deadlock inside that custom call."""
     if a.shape[-1] <= inverse_max_chunk:
-        return _solve_by_inverse(a, rhs, block)
+        return _solve_by_inverse(a, rhs)
     return _solve_by_substitution(a, rhs)
 
 

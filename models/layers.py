@@ -183,27 +183,68 @@ class ShortConv(nnx.Module):
         return context_parallel.short_conv(self._taps, x, segment_ids, state)
 
     def _taps(self, xp, segp):
-        """The conv of xp's last T positions, xp (B, c-1+T, C) holding the c-1 inputs
-        before them first; segp (B, c-1+T) their segment ids (-1 for a state) or None."""
-        # Sums, bias and SiLU in float32 whatever the input dtype (fla's causal_conv1d
-        # accumulates in float32 too): a bfloat16 sum of the taps rounds at every add, and
-        # the weights' gradient would be reduced over B x T in bfloat16. The casts sit
-        # inside the same fusion, so no extra memory traffic.
-        c = self.size
-        t = xp.shape[1] - (c - 1)
-        w = self.kernel[...].astype(jnp.float32)
-        y = jnp.zeros((xp.shape[0], t, xp.shape[2]), jnp.float32)
-        for i in range(c):
-            back = c - 1 - i  # this tap reads x_{t - back}
-            tap = xp[:, i:i + t].astype(jnp.float32)
-            if segp is not None and back > 0:
-                tap = jnp.where((segp[:, i:i + t] == segp[:, c - 1:])[..., None], tap, 0)
-            y = y + tap * w[i]
-        if self.bias is not None:
-            y = y + self.bias[...].astype(jnp.float32)
-        if self.activation:
-            y = jax.nn.silu(y)
-        return y.astype(xp.dtype)
+        bias = None if self.bias is None else self.bias[...]
+        return _conv_taps(xp, segp, self.kernel[...], bias, self.activation)
+
+
+def _conv_taps(xp, segp, kernel, bias, activation: bool):
+    """The conv of xp's last T positions, xp (B, c-1+T, *C) holding the c-1 inputs before
+    them first; segp (B, c-1+T) their segment ids (-1 for a state) or None; kernel
+    (c, *C), bias (*C) or None."""
+    # Sums, bias and SiLU in float32 whatever the input dtype (fla's causal_conv1d
+    # accumulates in float32 too): a bfloat16 sum of the taps rounds at every add, and
+    # the weights' gradient would be reduced over B x T in bfloat16. The casts sit inside
+    # the same fusion, so no extra memory traffic.
+    c = kernel.shape[0]
+    t = xp.shape[1] - (c - 1)
+    w = kernel.astype(jnp.float32)
+    channel_axes = (1,) * (xp.ndim - 2)
+    y = jnp.zeros((xp.shape[0], t) + xp.shape[2:], jnp.float32)
+    for i in range(c):
+        back = c - 1 - i  # this tap reads x_{t - back}
+        tap = xp[:, i:i + t].astype(jnp.float32)
+        if segp is not None and back > 0:
+            same = segp[:, i:i + t] == segp[:, c - 1:]
+            tap = jnp.where(same.reshape(same.shape + channel_axes), tap, 0)
+        y = y + tap * w[i]
+    if bias is not None:
+        y = y + bias.astype(jnp.float32)
+    if activation:
+        y = jax.nn.silu(y)
+    return y.astype(xp.dtype)
+
+
+def stacked_short_conv(convs, x, *, segment_ids=None, state=None):
+    """[conv(x[:, :, n]) for n, conv in enumerate(convs)] as one conv: x (B, T, N, C), the
+    N convs of equal size and width (same bias and activation settings); state (B, c-1,
+    N, C) or None. Returns (y (B, T, N, C), new state (B, c-1, N, C)). One set of fused
+    loops instead of N (the convs' elementwise work is a large share of a small model's
+    step); the stacking axis is new, so a channel axis sharded over `tensor` stays so."""
+    first = convs[0]
+    kernel = jnp.stack([conv.kernel[...] for conv in convs], axis=1)  # (c, N, C)
+    bias = (None if first.bias is None
+            else jnp.stack([conv.bias[...] for conv in convs]))
+    if state is None:
+        state = jnp.zeros((x.shape[0], first.size - 1) + x.shape[2:], x.dtype)
+    return context_parallel.short_conv(
+        lambda xp, segp: _conv_taps(xp, segp, kernel, bias, first.activation),
+        x, segment_ids, state)
+
+
+def stacked_dense(layers, x):
+    """[layer(x) for layer in layers] (nnx.Linear of equal shapes, dtypes and bias
+    settings) as one matmul, stacked on a new axis before the output one: (..., N, d_out).
+    Fewer, larger matmuls (the gradient's too); a new axis, so an output axis sharded over
+    `tensor` stays so (concatenating along it would not)."""
+    first = layers[0]
+    kernel = jnp.stack([layer.kernel[...] for layer in layers], axis=1)  # (d_in, N, d_out)
+    x, kernel = nnx.nn.dtypes.promote_dtype((x, kernel), dtype=first.dtype)
+    y = jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())),
+                            precision=first.precision)
+    if first.bias is not None:
+        bias = jnp.stack([layer.bias[...] for layer in layers])
+        y = y + bias.astype(y.dtype)
+    return y
 
 
 # --- MLP ------------------------------------------------------------------------------

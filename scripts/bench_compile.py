@@ -4,7 +4,8 @@
         [--d_model 256] [--seq_len 256] [--batch 8] [--repeats 2] [--out FILE.json]
 
 Each row is one fresh process (nothing cached between rows): it builds the model of
-configs/mqar.py with the given sizes and model.scan_layers, initialises it as train.py
+configs/mqar.py with the given sizes, model.scan_layers and train.precision's compute
+dtype (bfloat16 on GPU, as train.py), initialises it as train.py
 does (training.runtime.describe_model / init_fresh / compile_steps) and times
 `train_step.lower(...)` and `.compile()` on a real-shaped batch; the first step of a run
 spends about their sum before it computes. Also the process CPU time over both (cpu_s),
@@ -21,7 +22,7 @@ import time
 
 
 def one(mixer: str, layers: int, scan: bool, d_model: int, seq_len: int,
-        batch: int, heads: int = 0) -> dict:
+        batch: int, heads: int = 0, precision: str = "auto") -> dict:
     import jax
     import numpy as np
 
@@ -33,7 +34,8 @@ def one(mixer: str, layers: int, scan: bool, d_model: int, seq_len: int,
     config_tools.set_values(config, {"train.batch_size": batch, "data.seq_len": seq_len})
     model_cfg = ModelConfig(vocab_size=256, d_model=d_model, num_layers=layers,
                             num_heads=heads or max(1, d_model // 64), mixer=mixer,
-                            max_len=seq_len, scan_layers=scan)
+                            max_len=seq_len, scan_layers=scan,
+                            dtype=config_tools.compute_dtype(precision))
     mesh = runtime.make_mesh(config)
     model, layout = runtime.describe_model(config, model_cfg, mesh)
     params, opt_state, rest = runtime.init_fresh(model, layout)
@@ -50,7 +52,8 @@ def one(mixer: str, layers: int, scan: bool, d_model: int, seq_len: int,
     c2, t2 = time.process_time(), time.perf_counter()
     return {"cpu_s": c2 - c0, "mixer": mixer, "layers": layers, "scan_layers": scan, "d_model": d_model,
             "seq_len": seq_len, "batch": batch, "lower_s": t1 - t0, "compile_s": t2 - t1,
-            "total_s": t2 - t0, "platform": jax.devices()[0].platform}
+            "total_s": t2 - t0, "platform": jax.devices()[0].platform,
+            "dtype": model_cfg.dtype}
 
 
 def main() -> None:
@@ -62,13 +65,15 @@ def main() -> None:
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--heads", type=int, default=0, help="0: d_model // 64")
     p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--precision", default="auto",
+                   help="as train.precision: auto = bfloat16 on GPU, float32 on CPU")
     p.add_argument("--out", default="")
     p.add_argument("--one", default="", help=argparse.SUPPRESS)  # mixer,layers,scan
     a = p.parse_args()
     if a.one:
         mixer, layers, scan = a.one.split(",")
         print(json.dumps(one(mixer, int(layers), scan == "1", a.d_model, a.seq_len,
-                             a.batch, a.heads)))
+                             a.batch, a.heads, a.precision)))
         return
     rows = []
     for mixer in a.mixers.split(","):
@@ -79,7 +84,9 @@ def main() -> None:
                     out = subprocess.run(
                         [sys.executable, __file__, f"--one={mixer},{layers},{int(scan)}",
                          f"--d_model={a.d_model}", f"--seq_len={a.seq_len}",
-                         f"--batch={a.batch}", f"--heads={a.heads}"], capture_output=True, text=True, check=True)
+                         f"--batch={a.batch}", f"--heads={a.heads}",
+                         f"--precision={a.precision}"],
+                        capture_output=True, text=True, check=True)
                     runs.append(json.loads(out.stdout.strip().splitlines()[-1]))
                 row = dict(runs[0], runs=[r["total_s"] for r in runs],
                            cpu_runs=[r["cpu_s"] for r in runs],

@@ -23,7 +23,8 @@ from flax import nnx
 
 from kernels import context_parallel
 from models.config import ModelConfig
-from models.layers import GatedRMSNorm, ShortConv, dense, dtypes, l2_normalize, meta
+from models.layers import (GatedRMSNorm, ShortConv, dense, dtypes, l2_normalize, meta,
+                           stacked_dense, stacked_short_conv)
 from models.mixers.recurrent import RecurrentMixer
 from models.mixers.registry import DELTANET, GATED_DELTANET, register
 
@@ -45,25 +46,34 @@ class _DeltaRule(RecurrentMixer):
         self.o_proj = dense(cfg, h * d, cfg.d_model, ("heads", "embed"), rngs=rngs,
                             use_bias=cfg.o_bias)
 
-    def _log_alpha(self, x):
+    def _head_projections(self):
+        """The projections of width H taken from x: beta's (and the decay's, gated)."""
+        return [self.b_proj]
+
+    def _log_alpha(self, heads):
+        """log a (B, T, H) float32 from the _head_projections' outputs (B, T, N, H)."""
         return None
 
     def _inputs(self, x, *, segment_ids, conv_state):
         b, t, _ = x.shape
         h, d = self.num_heads, self.head_dim
-        cs = conv_state or {}
-        q, cq = self.q_conv(self.q_proj(x), segment_ids=segment_ids, state=cs.get("q"))
-        k, ck = self.k_conv(self.k_proj(x), segment_ids=segment_ids, state=cs.get("k"))
-        v, cv = self.v_conv(self.v_proj(x), segment_ids=segment_ids, state=cs.get("v"))
-        q = l2_normalize(q.reshape(b, t, h, d)) * (1.0 / math.sqrt(d))
-        k = l2_normalize(k.reshape(b, t, h, d))
-        v = v.reshape(b, t, h, d)
-        beta = jax.nn.sigmoid(self.b_proj(x).astype(jnp.float32))
-        log_alpha = self._log_alpha(x)
+        convs = (self.q_conv, self.k_conv, self.v_conv)
+        # q, k, v through one matmul and one conv (stacked_dense / stacked_short_conv): the
+        # same values as three of each, with a third of the small ops.
+        qkv = stacked_dense([self.q_proj, self.k_proj, self.v_proj], x)
+        state = (None if conv_state is None
+                 else jnp.stack([conv_state[n] for n in "qkv"], axis=2))
+        qkv, state = stacked_short_conv(convs, qkv, segment_ids=segment_ids, state=state)
+        q, k, v = (qkv[:, :, i].reshape(b, t, h, d) for i in range(3))
+        q = l2_normalize(q) * (1.0 / math.sqrt(d))
+        k = l2_normalize(k)
+        heads = stacked_dense(self._head_projections(), x).astype(jnp.float32)
+        beta = jax.nn.sigmoid(heads[:, :, 0])
+        log_alpha = self._log_alpha(heads)
         if log_alpha is None:
             log_alpha = jnp.zeros_like(beta)
         inputs = {"q": q.astype(v.dtype), "k": k, "v": v, "log_alpha": log_alpha, "beta": beta}
-        return inputs, {"q": cq, "k": ck, "v": cv}
+        return inputs, {n: state[:, :, i] for i, n in enumerate("qkv")}
 
     def _op(self, inputs, *, segment_ids, initial_state, return_state, impl):
         return context_parallel.gated_delta_rule(
@@ -98,8 +108,11 @@ class GatedDeltaNet(_DeltaRule):
                                  **meta("heads"))
         self.o_norm = GatedRMSNorm(cfg, d)
 
-    def _log_alpha(self, x):
-        a = self.a_proj(x).astype(jnp.float32) + self.dt_bias[...].astype(jnp.float32)
+    def _head_projections(self):
+        return [self.b_proj, self.a_proj]
+
+    def _log_alpha(self, heads):
+        a = heads[:, :, 1] + self.dt_bias[...].astype(jnp.float32)
         return -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(a)
 
     def _output(self, o, x):

@@ -1,5 +1,5 @@
 """kernels.chunk's short-sequence paths against the general ones and float64 NumPy:
-the blocked explicit inverse of the UT transform (and its VJP), segsum's matmul with
+the recursive explicit inverse of the UT transform (and its VJP), segsum's matmul with
 non-finite log-decays, the backward pass without jax.checkpoint, and a single chunk run
 with no chunk axis and no scan.
 """
@@ -30,17 +30,34 @@ def strictly_lower(rng, c, lead=(B, H)):
     return np.tril(beta * decay * (k @ np.swapaxes(k, -1, -2)), -1)
 
 
-@pytest.mark.parametrize("c,block", [(1, 16), (5, 16), (16, 16), (37, 16), (64, 16),
-                                     (64, 8), (100, 32)])
-def test_unit_lower_inverse_is_numpys(c, block):
-    a = strictly_lower(np.random.default_rng(c + block), c)
+@pytest.mark.parametrize("c", [1, 2, 5, 16, 37, 64, 100])
+def test_unit_lower_inverse_is_numpys(c):
+    a = strictly_lower(np.random.default_rng(c), c)
     want = np.linalg.inv(np.eye(c) + a)
-    got = chunk._unit_lower_inverse(jnp.asarray(a, jnp.float32), block)
+    got = chunk._unit_lower_inverse(jnp.asarray(a, jnp.float32))
     assert rel(got, want) < 1e-5
     with jax.enable_x64(True):
-        got64 = chunk._unit_lower_inverse(jnp.asarray(a, jnp.float64), block)
+        got64 = chunk._unit_lower_inverse(jnp.asarray(a, jnp.float64))
         assert got64.dtype == jnp.float64
         assert rel(got64, want) < 1e-12
+
+
+@pytest.mark.parametrize("c,f", [(16, 1), (32, 2), (64, 2), (64, 4)])
+def test_unit_lower_inverse_with_nearly_parallel_keys(c, f):
+    """Keys in 1-4 dimensions with beta near 1 make (I + a)^-1's entries large and mixed
+    in sign; there the power series (I - a)(I + a^2)(I + a^4)... loses up to 1e-2 in
+    float32, while row-by-row substitution and the recursive inverse stay near 1e-7."""
+    rng = np.random.default_rng(c + f)
+    k = rng.standard_normal((B, H, c, f))
+    k /= np.linalg.norm(k, axis=-1, keepdims=True)
+    a = np.tril(0.999 * (k @ np.swapaxes(k, -1, -2)), -1)
+    want = np.linalg.inv(np.eye(c) + a)
+    a32 = jnp.asarray(a, jnp.float32)
+    err = np.abs(np.asarray(chunk._unit_lower_inverse(a32), np.float64) - want).max()
+    eye = jnp.broadcast_to(jnp.eye(c, dtype=jnp.float32), a32.shape)
+    by_rows = np.asarray(chunk._solve_by_substitution(a32, eye), np.float64)
+    assert err <= 2 * np.abs(by_rows - want).max() + 1e-7
+    assert err / np.abs(want).max() < 1e-6
 
 
 @pytest.mark.parametrize("c", [7, 37, 64])
@@ -58,7 +75,7 @@ def test_solve_by_inverse_and_its_vjp_equal_the_substitution(c):
         return jax.jit(jax.grad(lambda a, r: jnp.sum(solve(a, r) * ct), argnums=(0, 1)))(
             a32, rhs32)
 
-    by_inverse = lambda a, r: chunk._solve_by_inverse(a, r, 16)
+    by_inverse = chunk._solve_by_inverse
     assert rel(by_inverse(a32, rhs32), want) < 1e-5
     assert rel(chunk._solve_by_substitution(a32, rhs32), want) < 1e-5
     # d_rhs = (I + a)^-T ct, d_a = -strict_lower(d_rhs x^T), in float64
