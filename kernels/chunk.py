@@ -190,14 +190,18 @@ def _linear_prepare(k, v, terms):
     return write, gamma_end
 
 
-def _delta_prepare(k, v, beta, terms):
+def _delta_prepare(k, v, beta, terms, with_state=True):
     """The UT transform of every chunk: U~ = T V, W = T (K * e^G), T = (I + A)^-1 diag(beta);
-    plus the key weights for the state update."""
+    plus the key weights for the state update. W only multiplies the state entering the
+    chunk: with_state=False (a single chunk from the zero state) leaves it out (None)."""
     decay, gamma, key_weight, gamma_end = terms
     c = k.shape[-2]
     strict = jnp.tril(jnp.ones((c, c), bool), -1)
     kk = einsum("...tf,...sf->...ts", k, k)
     a = jnp.where(strict, beta[..., :, None] * decay * kk, 0.0)
+    if not with_state:
+        u_tilde = _solve_unit_lower(a, beta[..., None] * v)
+        return u_tilde, None, k * key_weight[..., None], gamma_end
     rhs = beta[..., None] * jnp.concatenate([v, k * gamma[..., None]], axis=-1)
     sol = _solve_unit_lower(a, rhs)
     dv = v.shape[-1]
@@ -207,11 +211,14 @@ def _delta_prepare(k, v, beta, terms):
 def _outputs(q, k, values, states, terms):
     """O = (Q * e^G) S_0 + ((Q K^T) * e^L) values, for every chunk at once.
 
-    states: (B,H,N,F,Dv), the state entering each chunk ((B,H,F,Dv) for a single chunk)."""
+    states: (B,H,N,F,Dv), the state entering each chunk ((B,H,F,Dv) for a single chunk),
+    or None for a single chunk from the zero state (no state term)."""
     decay, gamma, _, _ = terms
     scores = einsum("...tf,...sf->...ts", q, k) * decay
-    o = einsum("...tf,...fd->...td", q * gamma[..., None], states)
-    return o + einsum("...ts,...sd->...td", scores, values)
+    o = einsum("...ts,...sd->...td", scores, values)
+    if states is None:
+        return o
+    return einsum("...tf,...fd->...td", q * gamma[..., None], states) + o
 
 
 def _with_terms(phase, dtype):
@@ -258,7 +265,10 @@ def _scan_chunks(step, state, xs, single):
 
 
 def _linear_states(state, write, gamma_end):
-    """S_{n+1} = e^{G_C} S_n + write_n. Returns (states entering each chunk, final)."""
+    """S_{n+1} = e^{G_C} S_n + write_n. Returns (states entering each chunk, final); state
+    None: a single chunk from the zero state (states None)."""
+    if state is None:
+        return None, write
 
     def step(s, x):
         w, ge = x
@@ -271,7 +281,10 @@ def _linear_states(state, write, gamma_end):
 def _delta_states(state, u_tilde, w, weighted_k, gamma_end):
     """U_n = U~_n - W_n S_n; S_{n+1} = e^{G_C} S_n + (K e^{G_C - G})^T U_n.
 
-    Returns (states entering each chunk, U, final state)."""
+    Returns (states entering each chunk, U, final state); state None: a single chunk from
+    the zero state (states None, w unused, U = U~)."""
+    if state is None:
+        return None, u_tilde, einsum("...sf,...sd->...fd", weighted_k, u_tilde)
 
     def step(s, x):
         ut, w_n, kw, ge = x
@@ -338,14 +351,23 @@ def _remat(remat, run_c):
     return run_c[0].size > REMAT_TOKENS if remat is None else remat
 
 
+def _zero_state_unless_single(state, single, k, v):
+    """None (the zero state, known statically) stays None for a single chunk, whose forms
+    then drop the state's terms; the scan over several chunks carries zeros."""
+    if state is None and not single:
+        return jnp.zeros(k.shape[:2] + (k.shape[-1], v.shape[-1]), k.dtype)
+    return state
+
+
 def linear_attention_chunk(q, k, v, g, run, state, chunk_size, remat=None):
     """Head-major inputs (B,H,T,.), g (B,H,T) or None (no decay), run (B,T), state
-    (B,H,F,Dv). remat: recompute the chunk-parallel phases in the backward pass (None: by
+    (B,H,F,Dv) or None (zeros). remat: recompute the chunk-parallel phases in the backward pass (None: by
     size, REMAT_TOKENS).
 
     Returns (o (B,H,T,Dv), final state). The normaliser is the caller's column of ones."""
     t = q.shape[2]
     (qc, kc, vc, gc), run_c, prev_run = _to_chunks([q, k, v, g], run, chunk_size)
+    state = _zero_state_unless_single(state, run_c.ndim == 2, k, v)
     prepare, outputs = _phases(_linear_prepare, _remat(remat, run_c), gc, run_c, prev_run,
                                k.dtype, q.dtype)
     write, gamma_end = prepare(kc, vc)
@@ -355,11 +377,13 @@ def linear_attention_chunk(q, k, v, g, run, state, chunk_size, remat=None):
 
 
 def gated_delta_chunk(q, k, v, g, beta, run, state, chunk_size, remat=None):
-    """Head-major inputs (B,H,T,.), g and beta (B,H,T), run (B,T), state (B,H,K,V).
-    remat: as linear_attention_chunk's."""
+    """Head-major inputs (B,H,T,.), g and beta (B,H,T), run (B,T), state (B,H,K,V) or
+    None (zeros). remat: as linear_attention_chunk's."""
     t = q.shape[2]
     (qc, kc, vc, gc, bc), run_c, prev_run = _to_chunks([q, k, v, g, beta], run, chunk_size)
-    prepare, outputs = _phases(_delta_prepare, _remat(remat, run_c), gc, run_c, prev_run,
+    state = _zero_state_unless_single(state, run_c.ndim == 2, k, v)
+    prepare = functools.partial(_delta_prepare, with_state=state is not None)
+    prepare, outputs = _phases(prepare, _remat(remat, run_c), gc, run_c, prev_run,
                                jnp.float32, q.dtype)
     u_tilde, w, weighted_k, gamma_end = prepare(kc, vc, bc)
     states, u, final = _delta_states(state, u_tilde, w, weighted_k, gamma_end)
@@ -389,13 +413,16 @@ def in_segments(chunk_form, per_token, run, state, segment):
     run over `segment`-token pieces one after another (lax.scan carrying the state), so
     its per-chunk tensors exist for one segment at a time. Exact: each segment starts
     from the state the previous one ended in. per_token: the (B,H,T,...) inputs (None
-    allowed), run (B,T). Padding tokens change nothing (zeros, the last run index).
+    allowed), run (B,T), state (B,H,F,Dv) or None (zeros). Padding tokens change nothing (zeros, the last run index).
 
     Run indices are made relative to the run open before each segment, so the carried
     state continues that run (index 0, the run an initial state belongs to) and a new
     run inside the segment starts from zero as in the whole-sequence form."""
     b, h, t = next(x for x in per_token if x is not None).shape[:3]
     n = -(-t // segment)
+    if state is None:  # the zero state; the scan carries it
+        k, v = per_token[1], per_token[2]
+        state = jnp.zeros((b, h, k.shape[-1], v.shape[-1]), k.dtype)
 
     def split(x, axis, mode="constant"):   # (..., T, ...) -> (N, ..., segment, ...)
         return jnp.moveaxis(_pad_split(x, axis, n, segment, mode), axis, 0)

@@ -238,7 +238,7 @@ def _linear_attention_jax(q, k, v, normalize, eps, log_decay, segment_ids, initi
     if normalize:
         vh = jnp.concatenate([vh, jnp.ones(vh.shape[:-1] + (1,), cdt)], axis=-1)
     if initial_state is None:
-        state = jnp.zeros((b, h, f, vh.shape[-1]), cdt)
+        state = None  # zeros, known statically: the chunk forms drop its terms
     elif normalize:
         s0, z0 = initial_state
         state = jnp.concatenate([jnp.asarray(s0, cdt),
@@ -250,6 +250,7 @@ def _linear_attention_jax(q, k, v, normalize, eps, log_decay, segment_ids, initi
         o, state = _chunk.linear_attention_parallel(qh, kh, vh, g, run, state)
     elif form == "recurrent":
         g = jnp.zeros((b, h, t), cdt) if g is None else g
+        state = jnp.zeros((b, h, f, vh.shape[-1]), cdt) if state is None else state
         o, state = _rec.linear_attention_recurrent(qh, kh, vh, g, run, state)
     else:
         o, state = _chunk_form(_chunk.linear_attention_chunk, [qh, kh, vh, g], run, state,
@@ -310,11 +311,12 @@ def _gated_delta_jax(q, k, v, log_alpha, beta, segment_ids, initial_state, form,
     g = jnp.moveaxis(jnp.asarray(log_alpha, cdt), 1, 2)
     bt = jnp.moveaxis(jnp.asarray(beta, cdt), 1, 2)
     run = run_ids(segment_ids, b, t)
-    state = (jnp.zeros((b, h, f, dv), cdt) if initial_state is None
-             else jnp.asarray(initial_state, cdt))
+    # None: zeros, known statically (the chunk forms drop the state's terms)
+    state = None if initial_state is None else jnp.asarray(initial_state, cdt)
     if form == "parallel":
         o, state = _chunk.gated_delta_parallel(qh, kh, vh, g, bt, run, state)
     elif form == "recurrent":
+        state = jnp.zeros((b, h, f, dv), cdt) if state is None else state
         o, state = _rec.gated_delta_recurrent(qh, kh, vh, g, bt, run, state)
     else:
         o, state = _chunk_form(_chunk.gated_delta_chunk, [qh, kh, vh, g, bt], run, state,

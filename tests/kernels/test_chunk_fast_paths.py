@@ -217,3 +217,29 @@ def test_remat_by_size(form, monkeypatch):
     assert prims_of(form, 64, 64, True).count("remat2") == 2
     monkeypatch.setattr(chunk, "REMAT_TOKENS", 32)
     assert prims_of(form, 40, 16, None).count("remat2") == 3
+
+
+@pytest.mark.parametrize("op", ["gdr", "la"])
+@pytest.mark.parametrize("t,cs", [(37, 64), (64, 64), (45, 8)])
+def test_no_initial_state_equals_zeros(op, t, cs):
+    """state=None (the zero state known statically: a single chunk drops the state's
+    terms, the delta rule its W) against an explicit zero state: outputs, final state and
+    the inputs' gradients, one chunk and several, packed documents and a hard reset."""
+    arrays, run, s0 = inputs(t, seed=3 * t + cs)
+    if op == "gdr":
+        form = chunk.gated_delta_chunk
+    else:
+        form, arrays = chunk.linear_attention_chunk, arrays[:4]
+    co = jnp.asarray(np.random.default_rng(t).standard_normal((B, H, t, DV)), jnp.float32)
+    cs_ = jnp.asarray(np.random.default_rng(cs).standard_normal(s0.shape), jnp.float32)
+
+    def run_with(state):
+        def loss(*xs):
+            o, s = form(*xs, run, state, cs)
+            return jnp.sum(o * co) + jnp.sum(s * cs_), (o, s)
+        (_, (o, s)), g = jax.jit(jax.value_and_grad(
+            loss, argnums=tuple(range(len(arrays))), has_aux=True))(*arrays)
+        return [o, s, *g]
+
+    for a, b in zip(run_with(None), run_with(jnp.zeros_like(s0))):
+        assert rel(a, b) < 1e-6
