@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import importlib
+import inspect
 
 import jax
 import jax.numpy as jnp
@@ -53,6 +54,22 @@ def _resolve_impl(impl, op, dtype):
     return impl
 
 
+# The Pallas entry points' settings (everything else they take is an array or None).
+_PALLAS_STATIC = ("return_state", "chunk_size", "tuning", "normalize", "eps", "variant",
+                  "fused_prep")
+
+
+@functools.cache
+def _jitted_pallas(fn):
+    """A kernels.pallas entry point under one jax.jit. The layers of a model that call it
+    with the same shapes and settings then share one trace and one lowering of its Pallas
+    programs, forward and backward (JAX lowers a jitted call once per module and calls
+    it), instead of lowering every program to Triton again for every layer: about 0.35 s
+    a gated DeltaNet layer at d1024, most of a deep unrolled model's lowering time."""
+    params = inspect.signature(fn).parameters
+    return jax.jit(fn, static_argnames=[a for a in _PALLAS_STATIC if a in params])
+
+
 def _call_pallas(name, fallback, *args, **kwargs):
     """Run kernels.pallas.<name>; with fallback (impl="auto"), use chunk where the kernel
     raises NotImplementedError."""
@@ -61,7 +78,7 @@ def _call_pallas(name, fallback, *args, **kwargs):
         raise ImportError("impl='pallas' needs kernels.pallas, which failed to import; use "
                           "impl='chunk'")
     try:
-        return getattr(mod, name)(*args, **kwargs)
+        return _jitted_pallas(getattr(mod, name))(*args, **kwargs)
     except NotImplementedError:
         if fallback is None:
             raise
