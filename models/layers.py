@@ -231,6 +231,13 @@ def stacked_short_conv(convs, x, *, segment_ids=None, state=None):
         x, segment_ids, state)
 
 
+def unstack(x, axis: int):
+    """The slices of x along `axis`, by a split: its gradient is one concatenation, where
+    indexing each slice out would make it a sum of zero-padded copies (every slice's work
+    at every element)."""
+    return [jnp.squeeze(part, axis) for part in jnp.split(x, x.shape[axis], axis=axis)]
+
+
 def stacked_dense(layers, x):
     """[layer(x) for layer in layers] (nnx.Linear of equal shapes, dtypes and bias
     settings) as one matmul, stacked on a new axis before the output one: (..., N, d_out).

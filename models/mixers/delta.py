@@ -24,7 +24,7 @@ from flax import nnx
 from kernels import context_parallel
 from models.config import ModelConfig
 from models.layers import (GatedRMSNorm, ShortConv, dense, dtypes, l2_normalize, meta,
-                           stacked_dense, stacked_short_conv)
+                           stacked_dense, stacked_short_conv, unstack)
 from models.mixers.recurrent import RecurrentMixer
 from models.mixers.registry import DELTANET, GATED_DELTANET, register
 
@@ -51,7 +51,7 @@ class _DeltaRule(RecurrentMixer):
         return [self.b_proj]
 
     def _log_alpha(self, heads):
-        """log a (B, T, H) float32 from the _head_projections' outputs (B, T, N, H)."""
+        """log a (B, T, H) float32 from the _head_projections' outputs (each (B, T, H))."""
         return None
 
     def _inputs(self, x, *, segment_ids, conv_state):
@@ -64,16 +64,16 @@ class _DeltaRule(RecurrentMixer):
         state = (None if conv_state is None
                  else jnp.stack([conv_state[n] for n in "qkv"], axis=2))
         qkv, state = stacked_short_conv(convs, qkv, segment_ids=segment_ids, state=state)
-        q, k, v = (qkv[:, :, i].reshape(b, t, h, d) for i in range(3))
+        q, k, v = (x.reshape(b, t, h, d) for x in unstack(qkv, 2))
         q = l2_normalize(q) * (1.0 / math.sqrt(d))
         k = l2_normalize(k)
-        heads = stacked_dense(self._head_projections(), x).astype(jnp.float32)
-        beta = jax.nn.sigmoid(heads[:, :, 0])
+        heads = unstack(stacked_dense(self._head_projections(), x).astype(jnp.float32), 2)
+        beta = jax.nn.sigmoid(heads[0])
         log_alpha = self._log_alpha(heads)
         if log_alpha is None:
             log_alpha = jnp.zeros_like(beta)
         inputs = {"q": q.astype(v.dtype), "k": k, "v": v, "log_alpha": log_alpha, "beta": beta}
-        return inputs, {n: state[:, :, i] for i, n in enumerate("qkv")}
+        return inputs, dict(zip("qkv", unstack(state, 2)))
 
     def _op(self, inputs, *, segment_ids, initial_state, return_state, impl):
         return context_parallel.gated_delta_rule(
@@ -112,7 +112,7 @@ class GatedDeltaNet(_DeltaRule):
         return [self.b_proj, self.a_proj]
 
     def _log_alpha(self, heads):
-        a = heads[:, :, 1] + self.dt_bias[...].astype(jnp.float32)
+        a = heads[1] + self.dt_bias[...].astype(jnp.float32)
         return -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(a)
 
     def _output(self, o, x):
