@@ -67,7 +67,9 @@ def _jitted_pallas(fn):
     it), instead of lowering every program to Triton again for every layer: about 0.35 s
     a gated DeltaNet layer at d1024, most of a deep unrolled model's lowering time."""
     params = inspect.signature(fn).parameters
-    return jax.jit(fn, static_argnames=[a for a in _PALLAS_STATIC if a in params])
+    any_keyword = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    return jax.jit(fn, static_argnames=[a for a in _PALLAS_STATIC
+                                        if any_keyword or a in params])
 
 
 def _call_pallas(name, fallback, *args, **kwargs):

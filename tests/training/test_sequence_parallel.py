@@ -84,8 +84,8 @@ def test_sequence_split_training_matches_one_device(tmp_path):
     assert_close({int(k): v for k, v in out["seq4"].items()}, want)
     assert_close({int(k): v for k, v in out["seq4/eval"].items()}, want_eval)
     # the run was split: every layer's op and short convs, in the train and eval steps
-    # (3 convs + the delta rule, the softmax layer; twice)
-    assert out["seq4/splits"] == [4] * 10, out["seq4/splits"]
+    # (the q/k/v convs as one stacked conv + the delta rule, the softmax layer; twice)
+    assert out["seq4/splits"] == [4] * 6, out["seq4/splits"]
     saved = json.loads((tmp_path / "seq4" / "config.json").read_text())
     assert saved["mesh"]["sequence"] == 4
 
@@ -106,7 +106,7 @@ def test_sequence_over_8_and_beside_fsdp_and_tensor(tmp_path):
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout.split("LOSSES", 1)[1])
     for name, n in (("seq8", 8), ("mixed", 2)):
-        assert out[name + "/splits"] == [n] * 10, (name, out[name + "/splits"])
+        assert out[name + "/splits"] == [n] * 6, (name, out[name + "/splits"])
         assert_close({int(k): v for k, v in out[name].items()}, want)
 
 
