@@ -30,6 +30,11 @@ def one(mixer: str, layers: int, scan: bool, d_model: int, seq_len: int,
     from training import config_tools, runtime
     from training import sharding as shd
 
+    start = time.perf_counter()
+
+    def phase(name):  # on stderr, so a row cut by a time limit shows where it was
+        print(f"[{time.perf_counter() - start:7.1f} s] {name}", file=sys.stderr, flush=True)
+
     config = config_tools.load_config_file("configs/mqar.py")
     config_tools.set_values(config, {"train.batch_size": batch, "data.seq_len": seq_len})
     model_cfg = ModelConfig(vocab_size=256, d_model=d_model, num_layers=layers,
@@ -37,8 +42,12 @@ def one(mixer: str, layers: int, scan: bool, d_model: int, seq_len: int,
                             max_len=seq_len, scan_layers=scan,
                             dtype=config_tools.compute_dtype(precision))
     mesh = runtime.make_mesh(config)
+    phase("describe")
     model, layout = runtime.describe_model(config, model_cfg, mesh)
+    phase("init")
     params, opt_state, rest = runtime.init_fresh(model, layout)
+    jax.block_until_ready(params)
+    phase("lower")
     steps = runtime.compile_steps(model, rest, layout, config.train, mesh, packed=True)
     zeros = np.zeros((batch, seq_len), np.int32)
     host = {"inputs": zeros, "targets": zeros, "segment_ids": zeros,
@@ -48,7 +57,9 @@ def one(mixer: str, layers: int, scan: bool, d_model: int, seq_len: int,
     lowered = steps.train.lower(params, opt_state, data, steps.key(0),
                                  steps.feature_key(0))
     t1 = time.perf_counter()
+    phase("compile")
     lowered.compile()
+    phase("done")
     c2, t2 = time.process_time(), time.perf_counter()
     return {"cpu_s": c2 - c0, "mixer": mixer, "layers": layers, "scan_layers": scan, "d_model": d_model,
             "seq_len": seq_len, "batch": batch, "lower_s": t1 - t0, "compile_s": t2 - t1,
