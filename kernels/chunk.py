@@ -351,18 +351,21 @@ def _remat(remat, run_c):
     return run_c[0].size > REMAT_TOKENS if remat is None else remat
 
 
+def zero_state(k, v):
+    """The zero state S (B,H,F,Dv) of head-major keys (B,H,T,F) and values (B,H,T,Dv)."""
+    return jnp.zeros(k.shape[:2] + (k.shape[-1], v.shape[-1]), k.dtype)
+
+
 def _zero_state_unless_single(state, single, k, v):
     """None (the zero state, known statically) stays None for a single chunk, whose forms
     then drop the state's terms; the scan over several chunks carries zeros."""
-    if state is None and not single:
-        return jnp.zeros(k.shape[:2] + (k.shape[-1], v.shape[-1]), k.dtype)
-    return state
+    return zero_state(k, v) if state is None and not single else state
 
 
 def linear_attention_chunk(q, k, v, g, run, state, chunk_size, remat=None):
     """Head-major inputs (B,H,T,.), g (B,H,T) or None (no decay), run (B,T), state
-    (B,H,F,Dv) or None (zeros). remat: recompute the chunk-parallel phases in the backward pass (None: by
-    size, REMAT_TOKENS).
+    (B,H,F,Dv) or None (zeros). remat: recompute the chunk-parallel phases in the backward
+    pass (None: by size, REMAT_TOKENS).
 
     Returns (o (B,H,T,Dv), final state). The normaliser is the caller's column of ones."""
     t = q.shape[2]
@@ -420,9 +423,8 @@ def in_segments(chunk_form, per_token, run, state, segment):
     run inside the segment starts from zero as in the whole-sequence form."""
     b, h, t = next(x for x in per_token if x is not None).shape[:3]
     n = -(-t // segment)
-    if state is None:  # the zero state; the scan carries it
-        k, v = per_token[1], per_token[2]
-        state = jnp.zeros((b, h, k.shape[-1], v.shape[-1]), k.dtype)
+    if state is None:  # the scan carries the zero state
+        state = zero_state(per_token[1], per_token[2])
 
     def split(x, axis, mode="constant"):   # (..., T, ...) -> (N, ..., segment, ...)
         return jnp.moveaxis(_pad_split(x, axis, n, segment, mode), axis, 0)

@@ -244,7 +244,7 @@ def _chunk_form(chunk_form, per_token, run, state, chunk_size):
 
 def _linear_attention_jax(q, k, v, normalize, eps, log_decay, segment_ids, initial_state,
                           form, chunk_size, out_dtype):
-    b, t, h, f = q.shape
+    b, t, h = q.shape[:3]
     dv = v.shape[-1]
     cdt = _compute_dtype(out_dtype)
     qh, kh, vh = (to_heads_first(x.astype(cdt)) for x in (q, k, v))
@@ -269,7 +269,7 @@ def _linear_attention_jax(q, k, v, normalize, eps, log_decay, segment_ids, initi
         o, state = _chunk.linear_attention_parallel(qh, kh, vh, g, run, state)
     elif form == "recurrent":
         g = jnp.zeros((b, h, t), cdt) if g is None else g
-        state = jnp.zeros((b, h, f, vh.shape[-1]), cdt) if state is None else state
+        state = _chunk.zero_state(kh, vh) if state is None else state
         o, state = _rec.linear_attention_recurrent(qh, kh, vh, g, run, state)
     else:
         o, state = _chunk_form(_chunk.linear_attention_chunk, [qh, kh, vh, g], run, state,
@@ -323,8 +323,7 @@ def gated_delta_rule(q, k, v, log_alpha, beta, *, segment_ids=None, initial_stat
 
 def _gated_delta_jax(q, k, v, log_alpha, beta, segment_ids, initial_state, form, chunk_size,
                      out_dtype):
-    b, t, h, f = q.shape
-    dv = v.shape[-1]
+    b, t = q.shape[:2]
     cdt = _compute_dtype(out_dtype)
     qh, kh, vh = (to_heads_first(x.astype(cdt)) for x in (q, k, v))
     g = jnp.moveaxis(jnp.asarray(log_alpha, cdt), 1, 2)
@@ -335,7 +334,7 @@ def _gated_delta_jax(q, k, v, log_alpha, beta, segment_ids, initial_state, form,
     if form == "parallel":
         o, state = _chunk.gated_delta_parallel(qh, kh, vh, g, bt, run, state)
     elif form == "recurrent":
-        state = jnp.zeros((b, h, f, dv), cdt) if state is None else state
+        state = _chunk.zero_state(kh, vh) if state is None else state
         o, state = _rec.gated_delta_recurrent(qh, kh, vh, g, bt, run, state)
     else:
         o, state = _chunk_form(_chunk.gated_delta_chunk, [qh, kh, vh, g, bt], run, state,

@@ -177,14 +177,18 @@ class ShortConv(nnx.Module):
         """x (B, T, C) -> (y (B, T, C), new state (B, c-1, C)). Split along time when a
         `sequence` mesh is active (kernels.context_parallel.short_conv: each device gets
         the previous one's last c-1 inputs)."""
-        b, _, ch = x.shape
-        if state is None:
-            state = jnp.zeros((b, self.size - 1, ch), x.dtype)
-        return context_parallel.short_conv(self._taps, x, segment_ids, state)
-
-    def _taps(self, xp, segp):
         bias = None if self.bias is None else self.bias[...]
-        return _conv_taps(xp, segp, self.kernel[...], bias, self.activation)
+        return _causal_conv(x, segment_ids, state, self.kernel[...], bias, self.activation)
+
+
+def _causal_conv(x, segment_ids, state, kernel, bias, activation: bool):
+    """x (B, T, *C) through the causal conv of kernel (c, *C), from state (B, c-1, *C) or
+    zeros; returns (y, the last c-1 inputs)."""
+    if state is None:
+        state = jnp.zeros((x.shape[0], kernel.shape[0] - 1) + x.shape[2:], x.dtype)
+    return context_parallel.short_conv(
+        lambda xp, segp: _conv_taps(xp, segp, kernel, bias, activation),
+        x, segment_ids, state)
 
 
 def _conv_taps(xp, segp, kernel, bias, activation: bool):
@@ -224,11 +228,7 @@ def stacked_short_conv(convs, x, *, segment_ids=None, state=None):
     kernel = jnp.stack([conv.kernel[...] for conv in convs], axis=1)  # (c, N, C)
     bias = (None if first.bias is None
             else jnp.stack([conv.bias[...] for conv in convs]))
-    if state is None:
-        state = jnp.zeros((x.shape[0], first.size - 1) + x.shape[2:], x.dtype)
-    return context_parallel.short_conv(
-        lambda xp, segp: _conv_taps(xp, segp, kernel, bias, first.activation),
-        x, segment_ids, state)
+    return _causal_conv(x, segment_ids, state, kernel, bias, first.activation)
 
 
 def unstack(x, axis: int):
