@@ -114,12 +114,17 @@ def main(argv=None):
                     help="mixer names, or hybrid (7 gated_deltanet layers + 1 softmax)")
     ap.add_argument("--nanogpt", default="", help="a karpathy/nanoGPT checkout")
     ap.add_argument("--workroot", default="/tmp/train_speed")
+    ap.add_argument("--extra", default="",
+                    help="train.py flags added to every row, space-separated "
+                         "(e.g. '--config.model.num_layers=24 --config.model.scan_layers=True')")
+    ap.add_argument("--tag", default="", help="suffix of the row names")
     args = ap.parse_args(argv)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     workroot = pathlib.Path(args.workroot)
     text = str(pathlib.Path(args.text).resolve())
     results: dict = {}
+    extra = args.extra.split()
 
     def record(name, rec):
         results[name] = rec
@@ -134,15 +139,16 @@ def main(argv=None):
     mixers = args.mixers.split(",")
     if "shake" in rows:
         for mixer in mixers:
-            name = f"shake_{mixer}"
+            name = f"shake_{mixer}{args.tag}"
             record(name, run_ours(name, SHAKESPEARE, text, args.steps, 10,
-                                  mixer_args(mixer), workroot))
+                                  mixer_args(mixer) + extra, workroot))
     for seq_len in (2048, 8192):
         if f"d1024_T{seq_len}" in rows:
             for mixer in mixers:
-                name = f"d1024_T{seq_len}_{mixer}"
+                name = f"d1024_T{seq_len}_{mixer}{args.tag}"
                 record(name, run_ours(name, "configs/lm_files.py", text, args.steps, 10,
-                                      d1024(seq_len) + mixer_args(mixer), workroot))
+                                      d1024(seq_len) + mixer_args(mixer) + extra,
+                                      workroot))
     if "losses" in rows:
         gdn = ["--config.model.mixer=gated_deltanet"]
         record("losses_pallas", run_ours("losses_pallas", SHAKESPEARE, text, 200, 1, gdn,
