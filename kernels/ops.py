@@ -340,3 +340,33 @@ def _gated_delta_jax(q, k, v, log_alpha, beta, segment_ids, initial_state, form,
         o, state = _chunk_form(_chunk.gated_delta_chunk, [qh, kh, vh, g, bt], run, state,
                                chunk_size)
     return to_time_second(o).astype(out_dtype), state
+
+
+# ----------------------------------------------------------------------------- short conv
+
+# The fused conv kernel's row block and warps (kernels.pallas.short_conv).
+_CONV_BLOCK_T = 32
+_CONV_WARPS = 4
+
+
+def conv_silu_norm_fused(impl, dtype, head_dim: int, taps: int) -> bool:
+    """Whether conv_silu_norm runs as the Pallas (Triton) kernel: impl "auto" (16-bit
+    inputs on a GPU) or "pallas" on a GPU, a head dim the kernel tiles and a conv the
+    kernel's row block covers. Elsewhere the callers' XLA form runs (the same values up
+    to the rounding of the intermediates)."""
+    resolved = _resolve_impl(impl, "conv_silu_norm", dtype)
+    return (resolved in ("pallas", "pallas?") and jax.default_backend() == "gpu"
+            and head_dim in _PALLAS_DIMS and taps <= _CONV_BLOCK_T
+            and _pallas_module() is not None)
+
+
+def conv_silu_norm(x, kernel, positions, *, head_dim: int, normalize, scale,
+                   eps: float = 1e-6):
+    """kernels.pallas.short_conv.conv_silu_norm (see conv_silu_norm_fused for where it
+    applies): x (B, T, N, C), kernel (c, N, C), positions (B, T) int32 (each token's
+    position in its document); normalize / scale: N bools / floats. Returns the N
+    outputs (B, T, C) in x's dtype."""
+    from kernels.pallas import short_conv
+    return short_conv.conv_silu_norm(x, kernel, positions, head_dim, tuple(normalize),
+                                     tuple(float(s) for s in scale), float(eps),
+                                     _CONV_BLOCK_T, _CONV_WARPS)

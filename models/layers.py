@@ -14,7 +14,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from kernels import context_parallel
+from kernels import context_parallel, ops
 from models.config import ModelConfig
 
 
@@ -229,6 +229,33 @@ def stacked_short_conv(convs, x, *, segment_ids=None, state=None):
     bias = (None if first.bias is None
             else jnp.stack([conv.bias[...] for conv in convs]))
     return _causal_conv(x, segment_ids, state, kernel, bias, first.activation)
+
+
+def conv_silu_norm(convs, x, *, segment_ids, head_dim: int, normalize, scale, impl: str):
+    """Training's (no conv state) stacked convs (stacked_short_conv: SiLU on, no bias)
+    then, per input n, L2 normalisation over each head of head_dim where normalize[n] and
+    a factor scale[n]: the N outputs (B, T, C). On a GPU one Pallas kernel each way
+    (kernels.ops.conv_silu_norm_fused says where), without a sequence mesh (the kernel
+    reads no other device's rows); elsewhere these XLA ops."""
+    taps = convs[0].size
+    if (context_parallel.active_mesh() is None and convs[0].bias is None
+            and convs[0].activation
+            and ops.conv_silu_norm_fused(impl, x.dtype, head_dim, taps)):
+        positions = jnp.broadcast_to(segment_positions(segment_ids, x.shape[1]),
+                                     x.shape[:2])
+        kernel = jnp.stack([conv.kernel[...] for conv in convs], axis=1)
+        return ops.conv_silu_norm(x, kernel, positions, head_dim=head_dim,
+                                  normalize=normalize, scale=scale)
+    y, _ = stacked_short_conv(convs, x, segment_ids=segment_ids)
+    outs = []
+    for part, norm, factor in zip(unstack(y, 2), normalize, scale):
+        heads = part.reshape(part.shape[:2] + (-1, head_dim))
+        if norm:
+            heads = l2_normalize(heads)
+        if factor != 1.0:
+            heads = heads * factor
+        outs.append(heads.reshape(part.shape))
+    return outs
 
 
 def unstack(x, axis: int):

@@ -11,6 +11,7 @@ features are pure functions of the step and resume is exact without saving RNG c
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import zlib
 from typing import Any, Callable
@@ -103,7 +104,27 @@ def seeded_init(make_of_seed: Callable[[Any], nnx.Module], param_shardings: dict
     _, _, abstract_rest, *_ = describe(lambda: make_of_seed(0))
     rest_shardings = jax.tree.map(lambda _: rest_sharding, abstract_rest)
     compiled = jax.jit(init, out_shardings=(param_shardings, rest_shardings))
-    return lambda seed: compiled(jnp.asarray(seed, jnp.int32))
+
+    def init_of_seed(seed):
+        with threefry_as_gpu_kernel():  # jit lowers at the call
+            return compiled(jnp.asarray(seed, jnp.int32))
+    return init_of_seed
+
+
+@contextlib.contextmanager
+def threefry_as_gpu_kernel():
+    """Lowers the threefry hash to jax's one-call GPU kernel (the same bits) instead of
+    its unrolled XLA form, within this context. A model's init draws every parameter
+    through the hash, and on the GPU each draw's unrolled form is a program for XLA to
+    compile: an 8-layer d1024 model's init took longer to compile than its train step
+    (docs/benchmarks.md). No effect off the GPU."""
+    flag = "jax_threefry_gpu_kernel_lowering"
+    previous = getattr(jax.config, flag)
+    jax.config.update(flag, True)
+    try:
+        yield
+    finally:
+        jax.config.update(flag, previous)
 
 
 # The attribute under which a mixer keeps the RNG stream it redraws random features from

@@ -23,8 +23,8 @@ from flax import nnx
 
 from kernels import context_parallel
 from models.config import ModelConfig
-from models.layers import (GatedRMSNorm, ShortConv, dense, dtypes, l2_normalize, meta,
-                           stacked_dense, stacked_short_conv, unstack)
+from models.layers import (GatedRMSNorm, ShortConv, conv_silu_norm, dense, dtypes,
+                           l2_normalize, meta, stacked_dense, stacked_short_conv, unstack)
 from models.mixers.recurrent import RecurrentMixer
 from models.mixers.registry import DELTANET, GATED_DELTANET, register
 
@@ -61,19 +61,28 @@ class _DeltaRule(RecurrentMixer):
         # q, k, v through one matmul and one conv (stacked_dense / stacked_short_conv): the
         # same values as three of each, with a third of the small ops.
         qkv = stacked_dense([self.q_proj, self.k_proj, self.v_proj], x)
-        state = (None if conv_state is None
-                 else jnp.stack([conv_state[n] for n in "qkv"], axis=2))
-        qkv, state = stacked_short_conv(convs, qkv, segment_ids=segment_ids, state=state)
-        q, k, v = (x.reshape(b, t, h, d) for x in unstack(qkv, 2))
-        q = l2_normalize(q) * (1.0 / math.sqrt(d))
-        k = l2_normalize(k)
+        normalize, scale = (True, True, False), (1.0 / math.sqrt(d), 1.0, 1.0)
+        if conv_state is None:
+            # training and scoring: no conv state in or out; on a GPU one fused kernel
+            q, k, v = conv_silu_norm(convs, qkv, segment_ids=segment_ids, head_dim=d,
+                                     normalize=normalize, scale=scale, impl=self.cfg.impl)
+            new_conv_state = None
+        else:
+            state = jnp.stack([conv_state[n] for n in "qkv"], axis=2)
+            qkv, state = stacked_short_conv(convs, qkv, segment_ids=segment_ids,
+                                            state=state)
+            q, k, v = unstack(qkv, 2)
+            q = l2_normalize(q.reshape(b, t, h, d)) * scale[0]
+            k = l2_normalize(k.reshape(b, t, h, d))
+            new_conv_state = dict(zip("qkv", unstack(state, 2)))
+        q, k, v = (x.reshape(b, t, h, d) for x in (q, k, v))
         heads = unstack(stacked_dense(self._head_projections(), x).astype(jnp.float32), 2)
         beta = jax.nn.sigmoid(heads[0])
         log_alpha = self._log_alpha(heads)
         if log_alpha is None:
             log_alpha = jnp.zeros_like(beta)
         inputs = {"q": q.astype(v.dtype), "k": k, "v": v, "log_alpha": log_alpha, "beta": beta}
-        return inputs, dict(zip("qkv", unstack(state, 2)))
+        return inputs, new_conv_state
 
     def _op(self, inputs, *, segment_ids, initial_state, return_state, impl):
         return context_parallel.gated_delta_rule(
