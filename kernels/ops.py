@@ -27,6 +27,7 @@ __all__ = ["linear_attention", "gated_delta_rule", "softmax_attention",
            "sliding_window_attention", "attend_to_cache", "ring_buffer_mask", "IMPLS"]
 
 IMPLS = ("auto", "parallel", "recurrent", "chunk", "pallas")
+CONV_IMPLS = ("xla", "pallas")  # conv_silu_norm: XLA's fusions, or the Pallas kernel
 
 
 # ----------------------------------------------------------------------------- dispatch
@@ -37,6 +38,13 @@ def _pallas_module():
         return importlib.import_module("kernels.pallas")
     except ImportError:
         return None
+
+
+# Imported with this module, before anything is traced: the Pallas modules define jax
+# config options, which join jit's tracing context when defined (kernels.pallas.common).
+# Imported inside the first train step's trace, where the GPU dispatch first asked for
+# them, every jit cache missed once afterwards: the step was traced and compiled twice.
+_pallas_module()
 
 
 def _resolve_impl(impl, op, dtype):
@@ -349,13 +357,17 @@ _CONV_BLOCK_T = 32
 _CONV_WARPS = 4
 
 
-def conv_silu_norm_fused(impl, dtype, head_dim: int, taps: int) -> bool:
-    """Whether conv_silu_norm runs as the Pallas (Triton) kernel: impl "auto" (16-bit
-    inputs on a GPU) or "pallas" on a GPU, a head dim the kernel tiles and a conv the
-    kernel's row block covers. Elsewhere the callers' XLA form runs (the same values up
-    to the rounding of the intermediates)."""
+def conv_silu_norm_fused(conv_impl: str, impl, dtype, head_dim: int, taps: int) -> bool:
+    """Whether conv_silu_norm runs as the Pallas (Triton) kernel: conv_impl "pallas",
+    impl "auto" (16-bit inputs on a GPU) or "pallas" on a GPU, a head dim the kernel
+    tiles and a conv the kernel's row block covers. Elsewhere the callers' XLA form runs
+    (the same values up to the rounding of the intermediates)."""
+    if conv_impl not in CONV_IMPLS:
+        raise ValueError(f"conv_silu_norm: unknown conv_impl {conv_impl!r}; valid: "
+                         f"{', '.join(CONV_IMPLS)}")
     resolved = _resolve_impl(impl, "conv_silu_norm", dtype)
-    return (resolved in ("pallas", "pallas?") and jax.default_backend() == "gpu"
+    return (conv_impl == "pallas" and resolved in ("pallas", "pallas?")
+            and jax.default_backend() == "gpu"
             and head_dim in _PALLAS_DIMS and taps <= _CONV_BLOCK_T
             and _pallas_module() is not None)
 

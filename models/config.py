@@ -13,7 +13,7 @@ import difflib
 from typing import Any, Mapping
 
 from kernels.attention import WINDOW_IMPLS
-from kernels.ops import IMPLS
+from kernels.ops import CONV_IMPLS, IMPLS
 
 DTYPES = ("float32", "bfloat16", "float16")
 FEATURE_MAPS = ("elu", "relu", "identity", "dpfp")
@@ -80,6 +80,11 @@ class ModelConfig:
     # based's window part): auto, cudnn, blocked or masked
     window_impl: str = _runtime("auto")
     chunk_size: int = _runtime(64)
+    # The delta rules' input path in training (conv + SiLU + q/k L2 norm + q scale):
+    # "xla" (XLA's fusions), or "pallas": one Triton program each way on a GPU
+    # (kernels.pallas.short_conv; elsewhere the XLA form). Opt-in: its backward took
+    # 7.5 ms at B4 T2048 d1024 on the H200 against XLA's ~0.3 ms (docs/benchmarks.md).
+    conv_impl: str = _runtime("xla")
     rope_theta: float = 10000.0
     max_len: int = _runtime(2048)  # default KV-cache length
     norm_eps: float = 1e-6
@@ -171,6 +176,8 @@ class ModelConfig:
             fail("impl", f"choose one of {IMPLS}")
         if self.window_impl not in WINDOW_IMPLS:
             fail("window_impl", f"choose one of {WINDOW_IMPLS}")
+        if self.conv_impl not in CONV_IMPLS:
+            fail("conv_impl", f"choose one of {CONV_IMPLS}")
         if self.feature_map not in FEATURE_MAPS:
             fail("feature_map", f"choose one of {FEATURE_MAPS}")
         if self.performer_redraw_every < 0:

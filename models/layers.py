@@ -231,16 +231,17 @@ def stacked_short_conv(convs, x, *, segment_ids=None, state=None):
     return _causal_conv(x, segment_ids, state, kernel, bias, first.activation)
 
 
-def conv_silu_norm(convs, x, *, segment_ids, head_dim: int, normalize, scale, impl: str):
+def conv_silu_norm(convs, x, *, segment_ids, head_dim: int, normalize, scale, impl: str,
+                   conv_impl: str = "xla"):
     """Training's (no conv state) stacked convs (stacked_short_conv: SiLU on, no bias)
     then, per input n, L2 normalisation over each head of head_dim where normalize[n] and
-    a factor scale[n]: the N outputs (B, T, C). On a GPU one Pallas kernel each way
-    (kernels.ops.conv_silu_norm_fused says where), without a sequence mesh (the kernel
-    reads no other device's rows); elsewhere these XLA ops."""
+    a factor scale[n]: the N outputs (B, T, C). conv_impl "pallas": one Pallas kernel
+    each way on a GPU (kernels.ops.conv_silu_norm_fused says where), without a sequence
+    mesh (the kernel reads no other device's rows); elsewhere these XLA ops."""
     taps = convs[0].size
     if (context_parallel.active_mesh() is None and convs[0].bias is None
             and convs[0].activation
-            and ops.conv_silu_norm_fused(impl, x.dtype, head_dim, taps)):
+            and ops.conv_silu_norm_fused(conv_impl, impl, x.dtype, head_dim, taps)):
         positions = jnp.broadcast_to(segment_positions(segment_ids, x.shape[1]),
                                      x.shape[:2])
         kernel = jnp.stack([conv.kernel[...] for conv in convs], axis=1)

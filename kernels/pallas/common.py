@@ -27,6 +27,15 @@ try:
     from jax.experimental.pallas import tpu as pltpu
 except ImportError:  # pragma: no cover
     pltpu = None
+# Pallas' lowering imports its fuser lazily (jax 0.11: from einshape), and the fuser
+# defines a jax config option that joins jit's tracing context. Imported in the middle of
+# the first train step's trace, it changed that context, so every jit cache missed once
+# afterwards (the GPU step was traced and compiled twice). Imported here, with the
+# kernels (kernels.ops imports them before anything is traced), it is there from the start.
+try:
+    from jax.experimental.pallas import fuser as _fuser  # noqa: F401
+except ImportError:  # pragma: no cover
+    _fuser = None
 
 VARIANTS = ("gpu", "tpu")
 

@@ -65,7 +65,8 @@ class _DeltaRule(RecurrentMixer):
         if conv_state is None:
             # training and scoring: no conv state in or out; on a GPU one fused kernel
             q, k, v = conv_silu_norm(convs, qkv, segment_ids=segment_ids, head_dim=d,
-                                     normalize=normalize, scale=scale, impl=self.cfg.impl)
+                                     normalize=normalize, scale=scale, impl=self.cfg.impl,
+                                     conv_impl=self.cfg.conv_impl)
             new_conv_state = None
         else:
             state = jnp.stack([conv_state[n] for n in "qkv"], axis=2)

@@ -141,8 +141,12 @@ def test_bf16_inputs_close_to_float32():
                                atol=1e-2 * float(jnp.max(jnp.abs(dw))), rtol=0)
 
 
-def test_cpu_runs_the_xla_form():
-    assert not ops.conv_silu_norm_fused("auto", jnp.bfloat16, D, 4)
+def test_dispatch():
+    """The kernel is opt-in (conv_impl="pallas") and GPU-only; a bad name is refused."""
+    assert not ops.conv_silu_norm_fused("pallas", "auto", jnp.bfloat16, D, 4)  # CPU
+    assert not ops.conv_silu_norm_fused("xla", "pallas", jnp.bfloat16, D, 4)
+    with pytest.raises(ValueError, match="conv_impl"):
+        ops.conv_silu_norm_fused("triton", "auto", jnp.bfloat16, D, 4)
 
 
 def test_programs_lower_to_triton(monkeypatch):

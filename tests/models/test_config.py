@@ -66,10 +66,12 @@ def test_runtime_keys_are_marked_on_the_fields():
     # How a model is computed, not what it is: a resume may change these.
     # scan_layers: the loader converts checkpoints between the two layouts;
     # performer_redraw_every: how often the random features are redrawn, not a weight;
-    # window_impl: which kernel computes the sliding window (the same function).
+    # window_impl / conv_impl: which kernel computes the sliding window / the delta
+    # rules' conv path (the same function).
     assert ModelConfig.runtime_keys() == {"dtype", "remat", "remat_policy", "impl",
                                           "chunk_size", "max_len", "dropout", "scan_layers",
-                                          "performer_redraw_every", "window_impl"}
+                                          "performer_redraw_every", "window_impl",
+                                          "conv_impl"}
 
 
 def test_base_config_model_section_is_model_config_defaults():
