@@ -42,6 +42,15 @@ def test_unit_lower_inverse_is_numpys(c):
         assert rel(got64, want) < 1e-12
 
 
+@pytest.mark.parametrize("c,m", [(1, 1), (4, 1), (4, 2), (8, 4), (64, 2), (64, 32),
+                                 (64, 64)])
+def test_diagonal_blocks_are_numpys(c, m):
+    x = np.random.default_rng(c + m).standard_normal((3, c, c))
+    want = np.stack([x[:, b * m:(b + 1) * m, b * m:(b + 1) * m] for b in range(c // m)], 1)
+    got = chunk._diagonal_blocks(jnp.asarray(x, jnp.float32), m)
+    np.testing.assert_array_equal(np.asarray(got), want.astype(np.float32))
+
+
 @pytest.mark.parametrize("c,f", [(16, 1), (32, 2), (64, 2), (64, 4)])
 def test_unit_lower_inverse_with_nearly_parallel_keys(c, f):
     """Keys in 1-4 dimensions with beta near 1 make (I + a)^-1's entries large and mixed
