@@ -82,8 +82,9 @@ class ModelConfig:
     chunk_size: int = _runtime(64)
     # The delta rules' input path in training (conv + SiLU + q/k L2 norm + q scale):
     # "xla" (XLA's fusions), or "pallas": one Triton program each way on a GPU
-    # (kernels.pallas.short_conv; elsewhere the XLA form). Opt-in: its backward took
-    # 7.5 ms at B4 T2048 d1024 on the H200 against XLA's ~0.3 ms (docs/benchmarks.md).
+    # (kernels.pallas.short_conv; elsewhere the XLA form). Opt-in until timed: its first
+    # launch settings spilled and took 7.5 ms at B4 T2048 d1024 on the H200 against
+    # XLA's ~0.3 ms; the current ones do not spill, untimed (docs/benchmarks.md).
     conv_impl: str = _runtime("xla")
     rope_theta: float = 10000.0
     max_len: int = _runtime(2048)  # default KV-cache length

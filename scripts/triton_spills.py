@@ -1,0 +1,91 @@
+"""Registers and spills of a Pallas GPU program, on a machine without a GPU.
+
+    python scripts/triton_spills.py [--kernel short_conv] [--block_t 16] [--warps 8]
+
+Lowers the kernel's forward and gradient for CUDA (jax's Triton lowering runs on any
+machine), keeps each program's Triton IR, compiles it with the `triton` package for
+sm_90 (an H200) and runs its bundled ptxas -v, which reports the registers a thread
+uses and the bytes it spills to local memory. A spilling program reads and writes those
+bytes for every element it touches: kernels.pallas.short_conv's backward at row block
+32 and 4 warps spilled 44 KB a thread and took 7.5 ms where XLA took ~0.3 ms
+(docs/benchmarks.md). Needs `pip install triton` (the GPU image has it); a static check
+before spending device time, not a timing.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+
+def short_conv_programs(block_t: int, warps: int, b=4, t=2048, heads=8, head_dim=128):
+    """The Triton IR (text) of short_conv's forward and backward programs at B4 T2048
+    d1024 (the issue's row), bf16, by name."""
+    from jax._src.pallas.triton import pallas_call_registration as registration
+
+    from kernels.pallas import common, short_conv
+    captured = []
+    lower = registration.lowering.lower_jaxpr_to_triton_module
+
+    def capture(*args, **kwargs):
+        result = lower(*args, **kwargs)
+        captured.append(result.module.operation.get_asm(enable_debug_info=False))
+        return result
+    saved = (common.interpret, registration.lowering.lower_jaxpr_to_triton_module)
+    common.interpret = lambda: False
+    registration.lowering.lower_jaxpr_to_triton_module = capture
+    try:
+        c = heads * head_dim
+        x = jnp.zeros((b, t, 3, c), jnp.bfloat16)
+        w = jnp.zeros((4, 3, c), jnp.float32)
+        pos = jnp.zeros((b, t), jnp.int32)
+
+        def loss(x, w):
+            outs = short_conv.conv_silu_norm(x, w, pos, head_dim, (True, True, False),
+                                             (head_dim ** -0.5, 1.0, 1.0), 1e-6, block_t,
+                                             warps)
+            return sum(jnp.sum(o.astype(jnp.float32)) for o in outs)
+        jax.jit(jax.grad(loss, (0, 1))).trace(x, w).lower(lowering_platforms=("cuda",))
+    finally:
+        common.interpret, registration.lowering.lower_jaxpr_to_triton_module = saved
+    return {text.split("@", 2)[1].split()[0]: text for text in captured}
+
+
+def ptxas_report(ttir: str, warps: int) -> str:
+    """ptxas -v's register and spill lines for Triton IR text compiled for sm_90."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    folder = pathlib.Path(tempfile.mkdtemp())
+    (folder / "k.ttir").write_text(ttir)
+    compiled = triton.compile(str(folder / "k.ttir"), target=GPUTarget("cuda", 90, 32),
+                              options={"num_warps": warps, "num_stages": 1})
+    (folder / "k.ptx").write_text(compiled.asm["ptx"])
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends/nvidia/bin/ptxas")
+    out = subprocess.run([ptxas, "-v", "-arch=sm_90a", str(folder / "k.ptx"), "-o",
+                          str(folder / "k.cubin")], capture_output=True, text=True)
+    return "; ".join(line.split(":", 1)[-1].strip()
+                     for line in (out.stdout + out.stderr).splitlines()
+                     if "registers" in line or "spill" in line)
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--kernel", default="short_conv", choices=["short_conv"])
+    ap.add_argument("--block_t", type=int, default=16)
+    ap.add_argument("--warps", type=int, default=8)
+    args = ap.parse_args(argv)
+    for name, ttir in short_conv_programs(args.block_t, args.warps).items():
+        print(f"{name} (block_t {args.block_t}, {args.warps} warps): "
+              f"{ptxas_report(ttir, args.warps)}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
