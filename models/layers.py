@@ -267,17 +267,18 @@ def unstack(x, axis: int):
 
 
 def stacked_dense(layers, x):
-    """[layer(x) for layer in layers] (nnx.Linear of equal shapes, dtypes and bias
-    settings) as one matmul, stacked on a new axis before the output one: (..., N, d_out).
-    Fewer, larger matmuls (the gradient's too); a new axis, so an output axis sharded over
+    """[layer(x) for layer in layers] (nnx.Linear of equal shapes and dtypes, with or
+    without biases) as one matmul, stacked on a new axis before the output one:
+    (..., N, d_out). Fewer, larger matmuls (the gradient's too); a new axis, so an output axis sharded over
     `tensor` stays so (concatenating along it would not)."""
     first = layers[0]
     kernel = jnp.stack([layer.kernel[...] for layer in layers], axis=1)  # (d_in, N, d_out)
     x, kernel = nnx.nn.dtypes.promote_dtype((x, kernel), dtype=first.dtype)
     y = jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())),
                             precision=first.precision)
-    if first.bias is not None:
-        bias = jnp.stack([layer.bias[...] for layer in layers])
+    if any(layer.bias is not None for layer in layers):  # a layer without one adds 0
+        bias = jnp.stack([jnp.zeros(layer.out_features, kernel.dtype)
+                          if layer.bias is None else layer.bias[...] for layer in layers])
         y = y + bias.astype(y.dtype)
     return y
 

@@ -50,6 +50,10 @@ class _DeltaRule(RecurrentMixer):
         """The projections of width H taken from x: beta's (and the decay's, gated)."""
         return [self.b_proj]
 
+    def _gate_projection(self):
+        """[the output gate's projection] where there is one (made with q, k, v)."""
+        return []
+
     def _log_alpha(self, heads):
         """log a (B, T, H) float32 from the _head_projections' outputs (each (B, T, H))."""
         return None
@@ -58,9 +62,14 @@ class _DeltaRule(RecurrentMixer):
         b, t, _ = x.shape
         h, d = self.num_heads, self.head_dim
         convs = (self.q_conv, self.k_conv, self.v_conv)
-        # q, k, v through one matmul and one conv (stacked_dense / stacked_short_conv): the
-        # same values as three of each, with a third of the small ops.
-        qkv = stacked_dense([self.q_proj, self.k_proj, self.v_proj], x)
+        # q, k, v (and the output gate's projection, gated) through one matmul and q, k, v
+        # through one conv (stacked_dense / stacked_short_conv): the same values as one
+        # of each per input, with a fraction of the small ops (most of a small model's
+        # step on the CPU; docs/benchmarks.md).
+        projections = [self.q_proj, self.k_proj, self.v_proj] + self._gate_projection()
+        stacked = stacked_dense(projections, x)
+        qkv = stacked[:, :, :3]
+        gate = stacked[:, :, 3] if len(projections) > 3 else None
         normalize, scale = (True, True, False), (1.0 / math.sqrt(d), 1.0, 1.0)
         if conv_state is None:
             # training and scoring: no conv state in or out; on a GPU one fused kernel
@@ -82,7 +91,8 @@ class _DeltaRule(RecurrentMixer):
         log_alpha = self._log_alpha(heads)
         if log_alpha is None:
             log_alpha = jnp.zeros_like(beta)
-        inputs = {"q": q.astype(v.dtype), "k": k, "v": v, "log_alpha": log_alpha, "beta": beta}
+        inputs = {"q": q.astype(v.dtype), "k": k, "v": v, "log_alpha": log_alpha, "beta": beta,
+                  "gate": gate}
         return inputs, new_conv_state
 
     def _op(self, inputs, *, segment_ids, initial_state, return_state, impl):
@@ -121,13 +131,16 @@ class GatedDeltaNet(_DeltaRule):
     def _head_projections(self):
         return [self.b_proj, self.a_proj]
 
+    def _gate_projection(self):
+        return [self.g_proj]
+
     def _log_alpha(self, heads):
         a = heads[1] + self.dt_bias[...].astype(jnp.float32)
         return -jnp.exp(self.A_log[...].astype(jnp.float32)) * jax.nn.softplus(a)
 
-    def _output(self, o, x):
+    def _output(self, o, x, inputs):
         b, t, h, d = o.shape
-        g = self.g_proj(x).reshape(b, t, h, d)
+        g = inputs["gate"].reshape(b, t, h, d)
         return self.o_proj(self.o_norm(o, g).reshape(b, t, h * d))
 
 
@@ -141,6 +154,6 @@ class DeltaNet(_DeltaRule):
                                   param_dtype=param_dtype, scale_metadata=meta("norm"),
                                   rngs=rngs)
 
-    def _output(self, o, x):
+    def _output(self, o, x, inputs):
         b, t, h, d = o.shape
         return self.o_proj(self.o_norm(o).reshape(b, t, h * d))

@@ -103,7 +103,7 @@ class FeatureMapAttention(RecurrentMixer):
         new = {"attn": attn, "pos": pos + x.shape[1]}
         if conv is not None:
             new["conv"] = conv
-        return self._output(o, x), new
+        return self._output(o, x, inputs), new
 
     def _conv(self, name: str) -> ShortConv:
         return getattr(self, f"{name}_conv")
@@ -121,6 +121,6 @@ class FeatureMapAttention(RecurrentMixer):
             segment_ids=segment_ids, initial_state=initial_state, return_state=return_state,
             impl=impl, chunk_size=self.cfg.chunk_size)
 
-    def _output(self, o, x):
+    def _output(self, o, x, inputs):
         b, t = o.shape[:2]
         return self.o_proj(o.reshape(b, t, -1))

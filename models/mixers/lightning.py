@@ -81,7 +81,7 @@ class LightningAttention(RecurrentMixer):
             segment_ids=segment_ids, initial_state=initial_state, return_state=return_state,
             impl=impl, chunk_size=self.cfg.chunk_size)
 
-    def _output(self, o, x):
+    def _output(self, o, x, inputs):
         b, t = o.shape[:2]
         o = self.norm(o.reshape(b, t, -1))
         return self.out_proj(jax.nn.sigmoid(self.output_gate(x)) * o)

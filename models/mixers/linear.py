@@ -47,10 +47,10 @@ class LinearAttention(FeatureMapAttention):
     def _phi(self, x, *, query: bool):
         return self.phi(x)
 
-    def _output(self, o, x):
+    def _output(self, o, x, inputs):
         if not self.normalize:
             o = self.o_norm(o)
-        return super()._output(o, x)
+        return super()._output(o, x, inputs)
 
 
 class _StabilisedExpAttention(FeatureMapAttention):
@@ -178,7 +178,7 @@ class Performer(_StabilisedExpAttention):
         inputs["omega"] = self._omega(deterministic)
         o = self._op(inputs, segment_ids=segment_ids, initial_state=None,
                      return_state=False, impl=self.cfg.impl)
-        return self._output(o, x)
+        return self._output(o, x, inputs)
 
     def _log_features(self, x, *, query: bool, omega):
         omega = self.omega[...] if omega is None else omega

@@ -41,8 +41,9 @@ class RecurrentMixer(Mixer):
     def _op(self, inputs, *, segment_ids, initial_state, return_state, impl):
         raise NotImplementedError
 
-    def _output(self, o, x):
-        """op output (B, T, H, Dv) and the mixer input x -> y (B, T, d_model)."""
+    def _output(self, o, x, inputs):
+        """op output (B, T, H, Dv), the mixer input x and _inputs' dict (a projection
+        made in the same matmul as q, k and v travels in it) -> y (B, T, d_model)."""
         raise NotImplementedError
 
     @classmethod
@@ -64,7 +65,7 @@ class RecurrentMixer(Mixer):
         inputs, _ = self._inputs(x, segment_ids=segment_ids, conv_state=None)
         o = self._op(inputs, segment_ids=segment_ids, initial_state=None, return_state=False,
                      impl=self.cfg.impl)
-        return self._output(o, x)
+        return self._output(o, x, inputs)
 
     def init_state(self, batch: int, max_len: int = 0):
         state = {"attn": self._op_state(batch)}
@@ -92,7 +93,7 @@ class RecurrentMixer(Mixer):
         new = {"attn": attn}
         if conv is not None:
             new["conv"] = conv
-        return self._output(o, x), new
+        return self._output(o, x, inputs), new
 
     def state_size(self) -> int:
         """Numbers held per sequence while decoding (counted from the state's shapes)."""

@@ -34,12 +34,14 @@ def max_diff(a, b):
                zip(jax.tree.leaves(a), jax.tree.leaves(b)))
 
 
-@pytest.mark.parametrize("use_bias", [False, True])
+@pytest.mark.parametrize("use_bias", [False, True, "mixed"])
 def test_stacked_dense_is_each_layer(use_bias):
-    layers = [dense(cfg(), D, C, ("embed", "heads"), rngs=nnx.Rngs(i), use_bias=use_bias)
-              for i in range(3)]
-    if use_bias:  # nonzero biases, so a bias mixed up between layers would show
-        for i, layer in enumerate(layers):
+    # "mixed": q, k, v with biases (an imported teacher's) beside a gate without one
+    biased = [use_bias is True or (use_bias == "mixed" and i < 3) for i in range(4)]
+    layers = [dense(cfg(), D, C, ("embed", "heads"), rngs=nnx.Rngs(i), use_bias=b)
+              for i, b in enumerate(biased)]
+    for i, layer in enumerate(layers):  # nonzero biases, so a mixed-up bias would show
+        if layer.bias is not None:
             layer.bias[...] = jax.random.normal(jax.random.key(10 + i), (C,))
     graph, params = nnx.split(nnx.List(layers))
     x = jax.random.normal(jax.random.key(0), (B, T, D))
@@ -50,9 +52,9 @@ def test_stacked_dense_is_each_layer(use_bias):
     def separate(params, x):
         return jnp.stack([layer(x) for layer in nnx.merge(graph, params)], axis=-2)
 
-    assert stacked(params, x).shape == (B, T, 3, C)
+    assert stacked(params, x).shape == (B, T, 4, C)
     assert max_diff(stacked(params, x), separate(params, x)) < 1e-6
-    ct = jax.random.normal(jax.random.key(1), (B, T, 3, C))
+    ct = jax.random.normal(jax.random.key(1), (B, T, 4, C))
     grads = [jax.grad(lambda p, x: jnp.sum(f(p, x) * ct), argnums=(0, 1))(params, x)
              for f in (stacked, separate)]
     assert max_diff(*grads) < 1e-5
@@ -106,6 +108,8 @@ def unfused_inputs(m, x, seg):
         out["log_alpha"] = -jnp.exp(m.A_log[...]) * jax.nn.softplus(a)
     else:
         out["log_alpha"] = jnp.zeros_like(out["beta"])
+    # the output gate's projection (gated_deltanet), made in q, k, v's matmul
+    out["gate"] = m.g_proj(x) if hasattr(m, "g_proj") else None
     return out
 
 
@@ -127,7 +131,8 @@ def test_delta_rule_inputs_are_the_unfused_ones(mixer):
                        unfused(params, x))
 
     def grad(f):
-        return jax.grad(lambda p, x: sum(jnp.sum(f(p, x)[n] * cts[n]) for n in cts),
+        return jax.grad(lambda p, x: sum(jnp.sum(f(p, x)[n] * cts[n]) for n in cts
+                                         if cts[n] is not None),
                         argnums=(0, 1))(params, x)
     assert max_diff(grad(fused), grad(unfused)) < 1e-5
 
