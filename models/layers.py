@@ -232,22 +232,23 @@ def stacked_short_conv(convs, x, *, segment_ids=None, state=None):
 
 
 def conv_silu_norm(convs, x, *, segment_ids, head_dim: int, normalize, scale, impl: str,
-                   conv_impl: str = "xla"):
-    """Training's (no conv state) stacked convs (stacked_short_conv: SiLU on, no bias)
-    then, per input n, L2 normalisation over each head of head_dim where normalize[n] and
-    a factor scale[n]: the N outputs (B, T, C). conv_impl "pallas": one Pallas kernel
-    each way on a GPU (kernels.ops.conv_silu_norm_fused says where), without a sequence
-    mesh (the kernel reads no other device's rows); elsewhere these XLA ops."""
+                   conv_impl: str = "xla", state=None):
+    """The stacked convs (stacked_short_conv: SiLU on, no bias) then, per input n, L2
+    normalisation over each head of head_dim where normalize[n] and a factor scale[n]:
+    (the N outputs (B, T, C), the new conv state (B, c-1, N, C)). conv_impl "pallas" with
+    no state in (training): one Pallas kernel each way on a GPU
+    (kernels.ops.conv_silu_norm_fused says where), without a sequence mesh (the kernel
+    reads no other device's rows), returning no state; elsewhere these XLA ops."""
     taps = convs[0].size
-    if (context_parallel.active_mesh() is None and convs[0].bias is None
-            and convs[0].activation
+    if (state is None and context_parallel.active_mesh() is None
+            and convs[0].bias is None and convs[0].activation
             and ops.conv_silu_norm_fused(conv_impl, impl, x.dtype, head_dim, taps)):
         positions = jnp.broadcast_to(segment_positions(segment_ids, x.shape[1]),
                                      x.shape[:2])
         kernel = jnp.stack([conv.kernel[...] for conv in convs], axis=1)
         return ops.conv_silu_norm(x, kernel, positions, head_dim=head_dim,
-                                  normalize=normalize, scale=scale)
-    y, _ = stacked_short_conv(convs, x, segment_ids=segment_ids)
+                                  normalize=normalize, scale=scale), None
+    y, state = stacked_short_conv(convs, x, segment_ids=segment_ids, state=state)
     outs = []
     for part, norm, factor in zip(unstack(y, 2), normalize, scale):
         heads = part.reshape(part.shape[:2] + (-1, head_dim))
@@ -256,7 +257,7 @@ def conv_silu_norm(convs, x, *, segment_ids, head_dim: int, normalize, scale, im
         if factor != 1.0:
             heads = heads * factor
         outs.append(heads.reshape(part.shape))
-    return outs
+    return outs, state
 
 
 def unstack(x, axis: int):
@@ -269,8 +270,8 @@ def unstack(x, axis: int):
 def stacked_dense(layers, x):
     """[layer(x) for layer in layers] (nnx.Linear of equal shapes and dtypes, with or
     without biases) as one matmul, stacked on a new axis before the output one:
-    (..., N, d_out). Fewer, larger matmuls (the gradient's too); a new axis, so an output axis sharded over
-    `tensor` stays so (concatenating along it would not)."""
+    (..., N, d_out). Fewer, larger matmuls (the gradient's too); a new axis, so an
+    output axis sharded over `tensor` stays so (concatenating along it would not)."""
     first = layers[0]
     kernel = jnp.stack([layer.kernel[...] for layer in layers], axis=1)  # (d_in, N, d_out)
     x, kernel = nnx.nn.dtypes.promote_dtype((x, kernel), dtype=first.dtype)

@@ -23,8 +23,8 @@ from flax import nnx
 
 from kernels import context_parallel
 from models.config import ModelConfig
-from models.layers import (GatedRMSNorm, ShortConv, conv_silu_norm, dense, dtypes,
-                           l2_normalize, meta, stacked_dense, stacked_short_conv, unstack)
+from models.layers import (GatedRMSNorm, ShortConv, conv_silu_norm, dense, dtypes, meta,
+                           stacked_dense, unstack)
 from models.mixers.recurrent import RecurrentMixer
 from models.mixers.registry import DELTANET, GATED_DELTANET, register
 
@@ -70,22 +70,15 @@ class _DeltaRule(RecurrentMixer):
         stacked = stacked_dense(projections, x)
         qkv = stacked[:, :, :3]
         gate = stacked[:, :, 3] if len(projections) > 3 else None
-        normalize, scale = (True, True, False), (1.0 / math.sqrt(d), 1.0, 1.0)
-        if conv_state is None:
-            # training and scoring: no conv state in or out; on a GPU one fused kernel
-            q, k, v = conv_silu_norm(convs, qkv, segment_ids=segment_ids, head_dim=d,
-                                     normalize=normalize, scale=scale, impl=self.cfg.impl,
-                                     conv_impl=self.cfg.conv_impl)
-            new_conv_state = None
-        else:
-            state = jnp.stack([conv_state[n] for n in "qkv"], axis=2)
-            qkv, state = stacked_short_conv(convs, qkv, segment_ids=segment_ids,
-                                            state=state)
-            q, k, v = unstack(qkv, 2)
-            q = l2_normalize(q.reshape(b, t, h, d)) * scale[0]
-            k = l2_normalize(k.reshape(b, t, h, d))
-            new_conv_state = dict(zip("qkv", unstack(state, 2)))
-        q, k, v = (x.reshape(b, t, h, d) for x in (q, k, v))
+        state = (None if conv_state is None
+                 else jnp.stack([conv_state[n] for n in "qkv"], axis=2))
+        # training (no conv state): on a GPU one fused kernel (model.conv_impl)
+        (q, k, v), state = conv_silu_norm(
+            convs, qkv, segment_ids=segment_ids, head_dim=d, normalize=(True, True, False),
+            scale=(1.0 / math.sqrt(d), 1.0, 1.0), impl=self.cfg.impl,
+            conv_impl=self.cfg.conv_impl, state=state)
+        q, k, v = (part.reshape(b, t, h, d) for part in (q, k, v))
+        new_conv_state = None if conv_state is None else dict(zip("qkv", unstack(state, 2)))
         heads = unstack(stacked_dense(self._head_projections(), x).astype(jnp.float32), 2)
         beta = jax.nn.sigmoid(heads[0])
         log_alpha = self._log_alpha(heads)

@@ -61,8 +61,9 @@ def xla_form(x, w, segment_ids):
     convs = [layers.ShortConv(cfg, C, rngs=nnx.Rngs(0)) for _ in range(w.shape[1])]
     for n, conv in enumerate(convs):
         conv.kernel[...] = w[:, n]
-    return layers.conv_silu_norm(convs, x, segment_ids=segment_ids, head_dim=D,
-                                 normalize=NORMALIZE, scale=SCALE, impl="chunk")
+    outs, _ = layers.conv_silu_norm(convs, x, segment_ids=segment_ids, head_dim=D,
+                                    normalize=NORMALIZE, scale=SCALE, impl="chunk")
+    return outs
 
 
 def inputs(b, t, taps, dtype=jnp.float32, seed=0):

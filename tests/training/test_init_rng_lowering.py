@@ -36,7 +36,8 @@ def test_seeded_init_equals_the_model_built_in_a_plain_jit():
     mesh = shd.make_mesh(1, 1, 1)
     init = model_state.seeded_init(make, shd.param_shardings(logical, shapes, mesh),
                                    shd.replicated(mesh))
-    plain = jax.jit(lambda s: model_state.flat_params(nnx.split(make(s), nnx.Param, ...)[1]))
+    plain = jax.jit(
+        lambda s: model_state.flat_params(nnx.split(make(s), nnx.Param, ...)[1]))
     for seed in (0, 5):
         got, _ = init(seed)
         want = plain(jnp.int32(seed))
