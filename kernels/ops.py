@@ -352,11 +352,11 @@ def _gated_delta_jax(q, k, v, log_alpha, beta, segment_ids, initial_state, form,
 
 # ----------------------------------------------------------------------------- short conv
 
-# The fused conv kernel's row block and warps (kernels.pallas.short_conv): the largest
-# block whose backward compiles without spills for sm_90 (scripts/triton_spills.py: at
-# 32 rows and 4 warps it spilled 44 KB a thread and ran 25x slower than XLA).
-_CONV_BLOCK_T = 16
-_CONV_WARPS = 8
+# The fused conv kernel's row block and warps (kernels.pallas.short_conv): a setting
+# whose three programs compile without register spills for sm_90
+# (scripts/triton_spills.py); scripts/bench_short_conv.py times the others.
+_CONV_BLOCK_T = 32
+_CONV_WARPS = 4
 
 
 def conv_silu_norm_fused(conv_impl: str, impl, dtype, head_dim: int, taps: int) -> bool:

@@ -1,6 +1,7 @@
-"""The delta-rule mixers' input path as one GPU program each way: the depthwise causal
-conv over time, SiLU, per-head L2 normalisation and a scale (fla's causal_conv1d with
-its activation, and the l2norm fla moves into its kernels), for N stacked inputs (q, k, v).
+"""The delta-rule mixers' input path as GPU programs (one forward, two backward): the
+depthwise causal conv over time, SiLU, per-head L2 normalisation and a scale (fla's
+causal_conv1d with its activation, and the l2norm fla moves into its kernels), for N
+stacked inputs (q, k, v).
 
     y_n[t] = scale_n * nrm_n(silu(sum_j w_n[j] x_n[t - back_j] [pos[t] >= back_j]))
 
@@ -11,14 +12,13 @@ per-head L2 normalisation x / sqrt(|x|^2 + eps) where normalize[n], else identit
 XLA made the forward a multi-output reduction and the backward three float32 passes
 over (B, T, 3, C) (the conv weights' gradient as column reductions): about 0.4 ms of a
 1.6 ms gated DeltaNet layer at B4 T2048 d1024 on an H200 (docs/benchmarks.md). Here
-each program takes BT rows of one head of every input, reads x once (plus the
-neighbouring row blocks the taps reach) and writes y once; the backward recomputes the
-forward from x, writes dx and each program's partial sums of the weights' gradient.
-
-Rows shifted by a tap are formed by products with 0/1 selection matrices on the tensor
-cores (Triton has no row shift of a register tile): exact for 16-bit inputs and float32
-products; float32 cotangents go through as a bfloat16 high part plus a bfloat16 low
-part (relative error ~2^-16) on 16-bit runs, as IEEE float32 products on float32 runs.
+each program takes BT rows of one head of every input and reads the rows its taps reach
+straight from the sequence (zero-padded in time so that every read lies inside), as
+fla's causal_conv1d does. The forward writes y once. The backward runs two programs:
+the cotangent of the conv's output (float32, recomputing the conv from x), then dx and
+each program's partial sums of the weights' gradient from it (a shifted read of that
+cotangent per tap). A single backward program that recomputed the conv at every shifted
+row needed every register and spilled.
 """
 from __future__ import annotations
 
@@ -29,47 +29,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels.pallas import common, tiles
-
-
-def _selection(rows: int, offset: int, dtype):
-    """(rows, rows) 0/1: S[r, s] = 1 where s = r + offset."""
-    r = lax.broadcasted_iota(jnp.int32, (rows, rows), 0)
-    s = lax.broadcasted_iota(jnp.int32, (rows, rows), 1)
-    return (s == r + offset).astype(dtype)
-
-
-def _shifted(before, here, after, shift: int, exact_dtype, precision):
-    """Rows r + shift of the row blocks [before; here; after] (each (BT, D)), for r in
-    0..BT-1 of `here`; shift in (-BT, BT); `before` is read for shift < 0, `after` for
-    shift > 0. Computed in float32 from products of exact_dtype operands."""
-    if shift == 0:
-        return here.astype(jnp.float32)
-    bt = here.shape[0]
-    other = before if shift < 0 else after
-    offset_other = shift + bt if shift < 0 else shift - bt
-
-    def product(block, offset):
-        sel = _selection(bt, offset, exact_dtype)
-        if block.dtype == exact_dtype:
-            return tiles.mm(sel, block, precision=precision)
-        # float32 values on a 16-bit run: a high and a low 16-bit part
-        high = block.astype(exact_dtype)
-        low = (block - high.astype(jnp.float32)).astype(exact_dtype)
-        return tiles.mm(sel, high) + tiles.mm(sel, low)
-    return product(here, shift) + product(other, offset_other)
-
-
-def _pre(prev, here, pos, w, exact_dtype, precision):
-    """The conv (before SiLU) of the rows of `here`, float32 (BT, D): prev the row block
-    before it, pos (BT,) the rows' positions in their documents, w the taps' weights,
-    each (D,) float32."""
-    pre = jnp.zeros(here.shape, jnp.float32)
-    for j, w_j in enumerate(w):
-        back = len(w) - 1 - j
-        tap = _shifted(prev, here, None, -back, exact_dtype, precision)
-        pre = pre + jnp.where((pos >= back)[:, None], tap, 0.0) * w_j[None, :]
-    return pre
+from kernels.pallas import common
 
 
 def _weights(w_ref, n, taps):
@@ -77,13 +37,32 @@ def _weights(w_ref, n, taps):
     return [w_ref[j, n, :].astype(jnp.float32) for j in range(taps)]
 
 
+def _rows(ref, start, bt, n=None):
+    """Rows start .. start + bt - 1 of a time-padded block (of input n), float32."""
+    if n is None:
+        return ref[pl.ds(start, bt), :].astype(jnp.float32)
+    return ref[pl.ds(start, bt), n, :].astype(jnp.float32)
+
+
+def _pre(x_ref, pos_ref, n, w, start, bt):
+    """The conv (before SiLU) of input n at the padded rows start .. start + bt - 1,
+    float32 (BT, D): tap j reads the row back_j = taps - 1 - j earlier, where the row's
+    document reaches that far (its position >= back_j)."""
+    pos = pos_ref[pl.ds(start, bt)]
+    pre = jnp.zeros((bt, x_ref.shape[-1]), jnp.float32)
+    for j, w_j in enumerate(w):
+        back = len(w) - 1 - j
+        tap = _rows(x_ref, start - back, bt, n)
+        pre = pre + jnp.where((pos >= back)[:, None], tap, 0.0) * w_j[None, :]
+    return pre
+
+
 def _forward_values(pre, normalize: bool, scale: float, eps: float):
-    """(silu(pre), its row norm factor or None, the output) in float32."""
+    """The output silu(pre), row-normalised where asked, times scale; float32."""
     y = pre * jax.nn.sigmoid(pre)
     if not normalize:
-        return y, None, y * scale
-    r = lax.rsqrt(jnp.sum(y * y, axis=1, keepdims=True) + eps)
-    return y, r, y * r * scale
+        return y * scale
+    return y * (lax.rsqrt(jnp.sum(y * y, axis=1, keepdims=True) + eps) * scale)
 
 
 def _dpre(pre, dout, normalize: bool, scale: float, eps: float):
@@ -98,50 +77,51 @@ def _dpre(pre, dout, normalize: bool, scale: float, eps: float):
     return dy * sig * (1.0 + pre * (1.0 - sig))
 
 
-def _fwd_kernel(pos_ref, prev_ref, x_ref, w_ref, *out_refs, taps, normalize, scale, eps):
-    # x blocks (BT, N, D): every input's rows of one head; w (taps, N, D)
-    pos = pos_ref[...]
-    first = pl.program_id(1) == 0  # the block before the first is no input
+def _fwd_kernel(pos_ref, x_ref, w_ref, *out_refs, taps, pad, bt, normalize, scale, eps):
+    # x (Tx, N, D) and pos (Tx,): the whole time-padded sequence of one batch row and
+    # head (pad rows before and after); out (BT, D) each: this program's rows
+    start = pl.program_id(1) * bt + pad
     for n, out_ref in enumerate(out_refs):
-        dt = x_ref.dtype
-        here = x_ref[:, n, :]
-        prev = jnp.where(first, jnp.zeros_like(here), prev_ref[:, n, :])
-        pre = _pre(prev, here, pos, _weights(w_ref, n, taps), dt, common.dot_precision(dt))
-        out_ref[...] = _forward_values(pre, normalize[n], scale[n], eps)[2].astype(
+        pre = _pre(x_ref, pos_ref, n, _weights(w_ref, n, taps), start, bt)
+        out_ref[...] = _forward_values(pre, normalize[n], scale[n], eps).astype(
             out_ref.dtype)
 
 
-def _bwd_kernel(pos_ref, pos_next_ref, prev_ref, x_ref, next_ref, w_ref, *refs, taps,
-                normalize, scale, eps, blocks):
-    # refs: the N output cotangents' blocks and those of the next row block, then dx
-    # (BT, N, D) and the weights' partial gradient (taps, N, D) of this program
+def _dpre_kernel(pos_ref, x_ref, w_ref, *refs, taps, pad, bt, normalize, scale, eps):
+    # backward pass 1: refs are the N output cotangents (Tx, D), time-padded as x, then
+    # dpre (BT, N, D) float32: the cotangent of the conv's output at this program's rows
     n_in = len(normalize)
-    douts, douts_next, (dx_ref, dw_ref) = refs[:n_in], refs[n_in:2 * n_in], refs[2 * n_in:]
-    i = pl.program_id(1)
-    pos, pos_next = pos_ref[...], pos_next_ref[...]
-    last = i == blocks - 1  # no block after the last
-    dt = x_ref.dtype
-    prec = common.dot_precision(dt)
+    douts, dpre_ref = refs[:n_in], refs[n_in]
+    start = pl.program_id(1) * bt + pad
     for n in range(n_in):
-        here = x_ref[:, n, :]
-        prev = jnp.where(i == 0, jnp.zeros_like(here), prev_ref[:, n, :])
-        after = jnp.where(last, jnp.zeros_like(here), next_ref[:, n, :])
+        pre = _pre(x_ref, pos_ref, n, _weights(w_ref, n, taps), start, bt)
+        dpre_ref[:, n, :] = _dpre(pre, _rows(douts[n], start, bt), normalize[n], scale[n],
+                                  eps)
+
+
+def _bwd_kernel(pos_ref, x_ref, w_ref, dpre_ref, dx_ref, dw_ref, *, taps, pad, bt, n_in):
+    # backward pass 2: dpre (Tp + BT, N, D) float32 of one batch row and head (not
+    # padded in front); dx (BT, N, D) and this program's partial sums of the weights'
+    # gradient (taps, N, D). x[s] fed tap j of output row s + back_j where that row's
+    # document reaches back_j: dx[s] = sum_j w_j dpre[s + back_j] [pos[s + back_j] >=
+    # back_j], dw_j = sum_s dpre[s] x[s - back_j] [pos[s] >= back_j]
+    row = pl.program_id(1) * bt
+    pos = pos_ref[pl.ds(row + pad, bt)]
+    for n in range(n_in):
         w = _weights(w_ref, n, taps)
-        args = (normalize[n], scale[n], eps)
-        dp = _dpre(_pre(prev, here, pos, w, dt, prec),
-                   douts[n][...].astype(jnp.float32), *args)
-        dp_next = _dpre(_pre(here, after, pos_next, w, dt, prec),
-                        douts_next[n][...].astype(jnp.float32), *args)
-        dp_next = jnp.where(last, 0.0, dp_next)
+        here = _rows(dpre_ref, row, bt, n)
         dx = jnp.zeros(here.shape, jnp.float32)
         for j in range(taps):
             back = taps - 1 - j
-            masked = jnp.where((pos >= back)[:, None], dp, 0.0)
-            masked_next = jnp.where((pos_next >= back)[:, None], dp_next, 0.0)
-            # x[s] fed tap j of output row s + back
-            dx = dx + w[j][None, :] * _shifted(None, masked, masked_next, back, dt, prec)
-            tap = _shifted(prev, here, None, -back, dt, prec)
-            dw_ref[j, n, :] = jnp.sum(masked * tap, axis=0)
+            if back == 0:
+                dx = dx + w[j][None, :] * here
+            else:
+                later = pos_ref[pl.ds(row + pad + back, bt)]
+                dp = _rows(dpre_ref, row + back, bt, n)
+                dx = dx + w[j][None, :] * jnp.where((later >= back)[:, None], dp, 0.0)
+            tap = _rows(x_ref, row + pad - back, bt, n)
+            dw_ref[j, n, :] = jnp.sum(jnp.where((pos >= back)[:, None], here, 0.0) * tap,
+                                      axis=0)
         dx_ref[:, n, :] = dx.astype(dx_ref.dtype)
 
 
@@ -150,11 +130,13 @@ def _block_t(t: int, block_t: int) -> int:
 
 
 def _layout(x, kernel, block_t):
+    """(b, t, n_in, c, taps, bt, tp, pad): taps a power of two, bt rows a program, tp the
+    length rounded up to bt, pad = taps - 1 zero rows before and after the sequence."""
     b, t, n_in, c = x.shape
     taps = pl.next_power_of_2(kernel.shape[0])
     bt = _block_t(t, block_t)
     tp = -(-t // bt) * bt
-    return b, t, n_in, c, taps, bt, tp
+    return b, t, n_in, c, taps, bt, tp, taps - 1
 
 
 def _padded_kernel(kernel, taps):
@@ -162,20 +144,22 @@ def _padded_kernel(kernel, taps):
     return jnp.pad(kernel, ((taps - kernel.shape[0], 0), (0, 0), (0, 0)))
 
 
-def _specs(bt, n_in, head_dim, taps, blocks):
-    """BlockSpecs on the grid (batch, row block, head): the rows of x (B, Tp, N, C) at
-    the row block before / this one / after, positions (B, Tp), per-input rows (B, Tp,
-    C), the weights (taps, N, C)."""
-    before = lambda i: jnp.maximum(i - 1, 0)  # noqa: E731
-    after = lambda i: jnp.minimum(i + 1, blocks - 1)  # noqa: E731
-    this = lambda i: i  # noqa: E731
-    x = lambda at: pl.BlockSpec((None, bt, n_in, head_dim),  # noqa: E731
-                                lambda b, i, h: (b, at(i), 0, h))
-    pos = lambda at: pl.BlockSpec((None, bt), lambda b, i, h: (b, at(i)))  # noqa: E731
-    rows = lambda at: pl.BlockSpec((None, bt, head_dim),  # noqa: E731
-                                   lambda b, i, h: (b, at(i), h))
+def _time_padded(a, pad, total):
+    """a (B, T, ...) with pad zero rows before it and zero rows after it up to total
+    rows: every row a program reads lies inside."""
+    widths = [(0, 0), (pad, total - pad - a.shape[1])] + [(0, 0)] * (a.ndim - 2)
+    return jnp.pad(a, widths)
+
+
+def _specs(tx, n_in, head_dim, taps):
+    """BlockSpecs on the grid (batch, row block, head): the whole padded sequence of x
+    (B, Tx, N, C), positions (B, Tx) and per-input rows (B, Tx, C) of one batch row and
+    head (each program reads its rows out of them), the weights (taps, N, C)."""
+    x = pl.BlockSpec((None, tx, n_in, head_dim), lambda b, i, h: (b, 0, 0, h))
+    pos = pl.BlockSpec((None, tx), lambda b, i, h: (b, 0))
+    rows = pl.BlockSpec((None, tx, head_dim), lambda b, i, h: (b, 0, h))
     weights = pl.BlockSpec((taps, n_in, head_dim), lambda b, i, h: (0, 0, h))
-    return before, this, after, x, pos, rows, weights
+    return x, pos, rows, weights
 
 
 def _params(num_warps):
@@ -185,46 +169,56 @@ def _params(num_warps):
 def forward(x, kernel, pos, *, head_dim, normalize, scale, eps, block_t, num_warps):
     """The N outputs (B, T, C) in x's dtype; x (B, T, N, C), kernel (c, N, C), pos (B, T)
     int32."""
-    b, t, n_in, c, taps, bt, tp = _layout(x, kernel, block_t)
-    blocks = tp // bt
-    before, this, _, xs, pos_s, rows, weights = _specs(bt, n_in, head_dim, taps, blocks)
+    b, t, n_in, c, taps, bt, tp, pad = _layout(x, kernel, block_t)
+    tx = pad + tp + pad  # each program reads up to pad rows before its own
+    xs, pos_s, _, weights = _specs(tx, n_in, head_dim, taps)
     outs = pl.pallas_call(
-        functools.partial(_fwd_kernel, taps=taps, normalize=normalize, scale=scale,
-                          eps=eps),
-        grid=(b, blocks, c // head_dim),
-        in_specs=[pos_s(this), xs(before), xs(this), weights],
-        out_specs=[rows(this)] * n_in,
+        functools.partial(_fwd_kernel, taps=taps, pad=pad, bt=bt, normalize=normalize,
+                          scale=scale, eps=eps),
+        grid=(b, tp // bt, c // head_dim),
+        in_specs=[pos_s, xs, weights],
+        out_specs=[pl.BlockSpec((None, bt, head_dim), lambda b, i, h: (b, i, h))] * n_in,
         out_shape=[jax.ShapeDtypeStruct((b, tp, c), x.dtype)] * n_in,
         interpret=common.interpret(), compiler_params=_params(num_warps),
-        name="short_conv_fwd")(common.pad_time(pos, tp), *[common.pad_time(x, tp)] * 2,
+        name="short_conv_fwd")(_time_padded(pos, pad, tx), _time_padded(x, pad, tx),
                                _padded_kernel(kernel, taps))
     return tuple(o[:, :t] for o in outs)
 
 
 def backward(x, kernel, pos, douts, *, head_dim, normalize, scale, eps, block_t,
              num_warps):
-    """(dx (B, T, N, C) in x's dtype, dkernel (c, N, C) float32)."""
-    b, t, n_in, c, taps, bt, tp = _layout(x, kernel, block_t)
+    """(dx (B, T, N, C) in x's dtype, dkernel (c, N, C) float32), in two programs: the
+    cotangent of the conv's output (float32, one row block past the end, zeros there),
+    then dx and the weights' partial gradients from it."""
+    b, t, n_in, c, taps, bt, tp, pad = _layout(x, kernel, block_t)
     blocks = tp // bt
-    before, this, after, xs, pos_s, rows, weights = _specs(bt, n_in, head_dim, taps,
-                                                           blocks)
-    xp = common.pad_time(x, tp)
-    posp = common.pad_time(pos, tp)
-    douts = [common.pad_time(d.astype(x.dtype), tp) for d in douts]
+    tx = pad + tp + bt  # rows up to one block past the end are read as zeros
+    xs, pos_s, rows, weights = _specs(tx, n_in, head_dim, taps)
+    xp, posp = _time_padded(x, pad, tx), _time_padded(pos, pad, tx)
+    w = _padded_kernel(kernel, taps)
+    params = _params(num_warps)
+    dpre = pl.pallas_call(
+        functools.partial(_dpre_kernel, taps=taps, pad=pad, bt=bt, normalize=normalize,
+                          scale=scale, eps=eps),
+        grid=(b, blocks + 1, c // head_dim),
+        in_specs=[pos_s, xs, weights] + [rows] * n_in,
+        out_specs=pl.BlockSpec((None, bt, n_in, head_dim), lambda b, i, h: (b, i, 0, h)),
+        out_shape=jax.ShapeDtypeStruct((b, tp + bt, n_in, c), jnp.float32),
+        interpret=common.interpret(), compiler_params=params,
+        name="short_conv_bwd_dpre")(
+            posp, xp, w, *[_time_padded(d.astype(x.dtype), pad, tx) for d in douts])
     dx, dw = pl.pallas_call(
-        functools.partial(_bwd_kernel, taps=taps, normalize=normalize, scale=scale,
-                          eps=eps, blocks=blocks),
+        functools.partial(_bwd_kernel, taps=taps, pad=pad, bt=bt, n_in=n_in),
         grid=(b, blocks, c // head_dim),
-        in_specs=[pos_s(this), pos_s(after), xs(before), xs(this), xs(after), weights]
-        + [rows(this)] * n_in + [rows(after)] * n_in,
-        out_specs=[xs(this),
+        in_specs=[pos_s, xs, weights,
+                  pl.BlockSpec((None, tp + bt, n_in, head_dim), lambda b, i, h: (b, 0, 0, h))],
+        out_specs=[pl.BlockSpec((None, bt, n_in, head_dim), lambda b, i, h: (b, i, 0, h)),
                    pl.BlockSpec((None, None, taps, n_in, head_dim),
                                 lambda b, i, h: (b, i, 0, 0, h))],
         out_shape=[jax.ShapeDtypeStruct((b, tp, n_in, c), x.dtype),
                    jax.ShapeDtypeStruct((b, blocks, taps, n_in, c), jnp.float32)],
-        interpret=common.interpret(), compiler_params=_params(num_warps),
-        name="short_conv_bwd")(posp, posp, xp, xp, xp, _padded_kernel(kernel, taps),
-                               *douts, *douts)
+        interpret=common.interpret(), compiler_params=params,
+        name="short_conv_bwd")(posp, xp, w, dpre)
     dkernel = jnp.sum(dw, axis=(0, 1))[taps - kernel.shape[0]:]
     return dx[:, :t], dkernel
 

@@ -118,9 +118,9 @@ def test_gradients_match_xla_form(case):
 
 
 def test_bf16_inputs_close_to_float32():
-    """bf16 x: the kernel computes in float32 from the bf16 values (exact row shifts),
-    so against the float32 kernel on the same rounded inputs only the output rounding
-    and the cotangents' high/low split remain."""
+    """bf16 x: the kernel computes in float32 from the bf16 values, so against the
+    float32 kernel on the same rounded inputs only the rounding of the outputs and of
+    the cotangents (bf16 in, bf16 dx out) remains."""
     b, t = 2, 70
     x, w = inputs(b, t, 4, seed=2)
     xb = x.astype(jnp.bfloat16)
