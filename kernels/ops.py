@@ -352,10 +352,10 @@ def _gated_delta_jax(q, k, v, log_alpha, beta, segment_ids, initial_state, form,
 
 # ----------------------------------------------------------------------------- short conv
 
-# The fused conv kernel's row block and warps (kernels.pallas.short_conv): a setting
-# whose three programs compile without register spills for sm_90
-# (scripts/triton_spills.py); scripts/bench_short_conv.py times the others.
-_CONV_BLOCK_T = 32
+# The fused conv kernel's row block and warps (kernels.pallas.short_conv): the fastest of
+# 16x4, 32x4 and 64x8 rows x warps alone at B4 T2048 d1024 on an H200, none of which
+# spills for sm_90 (scripts/bench_short_conv.py, scripts/triton_spills.py).
+_CONV_BLOCK_T = 16
 _CONV_WARPS = 4
 
 
@@ -380,7 +380,14 @@ def conv_silu_norm(x, kernel, positions, *, head_dim: int, normalize, scale,
     applies): x (B, T, N, C), kernel (c, N, C), positions (B, T) int32 (each token's
     position in its document); normalize / scale: N bools / floats. Returns the N
     outputs (B, T, C) in x's dtype."""
+    return _jitted_conv()(x, kernel, positions, head_dim, tuple(normalize),
+                          tuple(float(s) for s in scale), float(eps), _CONV_BLOCK_T,
+                          _CONV_WARPS)
+
+
+@functools.cache
+def _jitted_conv():
+    """short_conv.conv_silu_norm under one jax.jit, shared by the layers (as
+    _jitted_pallas: one lowering of its programs for the whole model)."""
     from kernels.pallas import short_conv
-    return short_conv.conv_silu_norm(x, kernel, positions, head_dim, tuple(normalize),
-                                     tuple(float(s) for s in scale), float(eps),
-                                     _CONV_BLOCK_T, _CONV_WARPS)
+    return jax.jit(short_conv.conv_silu_norm, static_argnums=(3, 4, 5, 6, 7, 8))

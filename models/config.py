@@ -81,11 +81,11 @@ class ModelConfig:
     window_impl: str = _runtime("auto")
     chunk_size: int = _runtime(64)
     # The delta rules' input path in training (conv + SiLU + q/k L2 norm + q scale):
-    # "xla" (XLA's fusions), or "pallas": one Triton program each way on a GPU
-    # (kernels.pallas.short_conv; elsewhere the XLA form). Opt-in until timed: its first
-    # launch settings spilled and took 7.5 ms at B4 T2048 d1024 on the H200 against
-    # XLA's ~0.3 ms; the current ones do not spill, untimed (docs/benchmarks.md).
-    conv_impl: str = _runtime("xla")
+    # "pallas": on a GPU with 16-bit compute, one Triton program forward and two backward
+    # (kernels.pallas.short_conv; elsewhere the XLA form), or "xla": XLA's fusions
+    # everywhere. The kernel took the GDN mixer from 1.662 to 1.574 ms at B4 T2048 d1024
+    # on an H200 (docs/benchmarks.md, session 16).
+    conv_impl: str = _runtime("pallas")
     rope_theta: float = 10000.0
     max_len: int = _runtime(2048)  # default KV-cache length
     norm_eps: float = 1e-6

@@ -115,8 +115,9 @@ def main(argv=None):
     ap.add_argument("--nanogpt", default="", help="a karpathy/nanoGPT checkout")
     ap.add_argument("--workroot", default="/tmp/train_speed")
     ap.add_argument("--extra", default="",
-                    help="train.py flags added to every row, space-separated "
-                         "(e.g. '--config.model.num_layers=24 --config.model.scan_layers=True')")
+                    help="train.py flags added to every row, space-separated, given as "
+                         "--extra='...' (argparse takes a lone '--flag' after --extra for "
+                         "an option of its own)")
     ap.add_argument("--tag", default="", help="suffix of the row names")
     args = ap.parse_args(argv)
     out = pathlib.Path(args.out)

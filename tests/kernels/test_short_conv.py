@@ -143,7 +143,7 @@ def test_bf16_inputs_close_to_float32():
 
 
 def test_dispatch():
-    """The kernel is opt-in (conv_impl="pallas") and GPU-only; a bad name is refused."""
+    """The kernel runs with conv_impl="pallas" on a GPU only; a bad name is refused."""
     assert not ops.conv_silu_norm_fused("pallas", "auto", jnp.bfloat16, D, 4)  # CPU
     assert not ops.conv_silu_norm_fused("xla", "pallas", jnp.bfloat16, D, 4)
     with pytest.raises(ValueError, match="conv_impl"):
@@ -160,3 +160,29 @@ def test_programs_lower_to_triton(monkeypatch):
     text = jax.jit(jax.grad(loss, (0, 1))).trace(x, w).lower(
         lowering_platforms=("cuda",)).as_text()
     assert "short_conv_fwd" in text and "short_conv_bwd" in text
+
+
+def test_layers_share_one_lowering(monkeypatch):
+    """kernels.ops.conv_silu_norm runs the kernel under one jax.jit, so a model's layers
+    (same shapes and settings) share one lowering of its programs: the lowered module
+    of three calls holds as many Triton programs as that of one."""
+    monkeypatch.setattr(common, "interpret", lambda: False)
+    x, w = inputs(2, 256, 4, dtype=jnp.bfloat16)
+    positions = jnp.broadcast_to(layers.segment_positions(packed(2, 256), 256), (2, 256))
+
+    def loss(calls):
+        def fn(x, w):
+            total = 0.0
+            for _ in range(calls):
+                outs = ops.conv_silu_norm(x, w, positions, head_dim=D, normalize=NORMALIZE,
+                                          scale=SCALE)
+                total = total + sum(jnp.sum(o.astype(jnp.float32)) for o in outs)
+            return total
+        return fn
+
+    def programs(calls):
+        text = jax.jit(jax.grad(loss(calls), (0, 1))).trace(x, w).lower(
+            lowering_platforms=("cuda",)).as_text()
+        return text.count("__gpu$xla.gpu.triton")
+    one = programs(1)
+    assert one == 2 and programs(3) == one  # the backward's two (the loss needs no forward)
