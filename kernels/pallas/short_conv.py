@@ -78,8 +78,8 @@ def _dpre(pre, dout, normalize: bool, scale: float, eps: float):
 
 
 def _fwd_kernel(pos_ref, x_ref, w_ref, *out_refs, taps, pad, bt, normalize, scale, eps):
-    # x (Tx, N, D) and pos (Tx,): the whole time-padded sequence of one batch row and
-    # head (pad rows before and after); out (BT, D) each: this program's rows
+    # x (Tx, N, D) and pos (Tx,): the whole sequence of one batch row and head, with pad
+    # zero rows in front; out (BT, D) each: this program's rows
     start = pl.program_id(1) * bt + pad
     for n, out_ref in enumerate(out_refs):
         pre = _pre(x_ref, pos_ref, n, _weights(w_ref, n, taps), start, bt)
@@ -170,7 +170,7 @@ def forward(x, kernel, pos, *, head_dim, normalize, scale, eps, block_t, num_war
     """The N outputs (B, T, C) in x's dtype; x (B, T, N, C), kernel (c, N, C), pos (B, T)
     int32."""
     b, t, n_in, c, taps, bt, tp, pad = _layout(x, kernel, block_t)
-    tx = pad + tp + pad  # each program reads up to pad rows before its own
+    tx = pad + tp  # each program reads up to pad rows before its own
     xs, pos_s, _, weights = _specs(tx, n_in, head_dim, taps)
     outs = pl.pallas_call(
         functools.partial(_fwd_kernel, taps=taps, pad=pad, bt=bt, normalize=normalize,
