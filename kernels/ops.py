@@ -371,7 +371,7 @@ def conv_silu_norm_fused(conv_impl: str, impl, dtype, head_dim: int, taps: int) 
     return (conv_impl == "pallas" and resolved in ("pallas", "pallas?")
             and jax.default_backend() == "gpu"
             and head_dim in _PALLAS_DIMS and taps <= _CONV_BLOCK_T
-            and _pallas_module() is not None)
+            and hasattr(_pallas_module(), "conv_silu_norm"))
 
 
 def conv_silu_norm(x, kernel, positions, *, head_dim: int, normalize, scale,
@@ -380,14 +380,13 @@ def conv_silu_norm(x, kernel, positions, *, head_dim: int, normalize, scale,
     applies): x (B, T, N, C), kernel (c, N, C), positions (B, T) int32 (each token's
     position in its document); normalize / scale: N bools / floats. Returns the N
     outputs (B, T, C) in x's dtype."""
-    return _jitted_conv()(x, kernel, positions, head_dim, tuple(normalize),
-                          tuple(float(s) for s in scale), float(eps), _CONV_BLOCK_T,
-                          _CONV_WARPS)
+    return _jitted_conv(_pallas_module().conv_silu_norm)(
+        x, kernel, positions, head_dim, tuple(normalize), tuple(float(s) for s in scale),
+        float(eps), _CONV_BLOCK_T, _CONV_WARPS)
 
 
 @functools.cache
-def _jitted_conv():
-    """short_conv.conv_silu_norm under one jax.jit, shared by the layers (as
+def _jitted_conv(fn):
+    """The conv kernel's entry point under one jax.jit, shared by the layers (as
     _jitted_pallas: one lowering of its programs for the whole model)."""
-    from kernels.pallas import short_conv
-    return jax.jit(short_conv.conv_silu_norm, static_argnums=(3, 4, 5, 6, 7, 8))
+    return jax.jit(fn, static_argnums=(3, 4, 5, 6, 7, 8))

@@ -1,8 +1,8 @@
 """What train.py runs on a GPU: a training step of every linear mixer calls the Pallas
 kernels, with the batch's segment ids where rows hold several documents and without
 them where every row is one example (MQAR). The backend reads as "gpu" and a stand-in
-kernels.pallas counts the calls (running the chunk form), at the default precision
-(bfloat16 there). Every mixer's train step (training.step.make_train_step, built and
+kernels.pallas counts the calls (running the chunk form, and the delta rules' fused conv
+kernel in interpret mode), at the default precision (bfloat16 there). Every mixer's train step (training.step.make_train_step, built and
 sharded as training builds it, on a pipeline batch) is traced; one step of train.py's own
 loop (training.loop.train) runs for gated_deltanet, and for the others under -m slow.
 """
@@ -14,6 +14,7 @@ import pytest
 import jax
 
 from kernels import ops
+from kernels.pallas import common, short_conv
 from models import mixers
 from tests.training.conftest import tiny_config
 from eval import speed
@@ -26,7 +27,9 @@ DELTA = (mixers.DELTANET, mixers.GATED_DELTANET)
 
 def stand_in_kernels(monkeypatch):
     """A kernels.pallas whose two entry points record (op, segment ids given, dtype) and
-    return the chunk form's result; and a backend that reads as "gpu"."""
+    return the chunk form's result, and whose conv kernel records ("conv_silu_norm",
+    None, dtype) and runs the real kernel in interpret mode; and a backend that reads as
+    "gpu"."""
     calls = []
 
     def linear_attention(q, k, v, *, segment_ids=None, **kwargs):
@@ -38,8 +41,14 @@ def stand_in_kernels(monkeypatch):
         return ops.gated_delta_rule(q, k, v, log_alpha, beta, segment_ids=segment_ids,
                                     impl="chunk", **kwargs)
 
+    def conv_silu_norm(x, *args):
+        calls.append(("conv_silu_norm", None, str(x.dtype)))
+        return short_conv.conv_silu_norm(x, *args)
+
     module = types.ModuleType("kernels.pallas")
     module.linear_attention, module.gated_delta_rule = linear_attention, gated_delta_rule
+    module.conv_silu_norm = conv_silu_norm
+    monkeypatch.setattr(common, "interpret", lambda: True)
     monkeypatch.setitem(sys.modules, "kernels.pallas", module)
     monkeypatch.setattr(jax, "default_backend", lambda: "gpu")
     return calls
@@ -69,6 +78,11 @@ def check_calls(calls, mixer):
         assert calls == [], calls
         return
     op = "gated_delta_rule" if mixer in DELTA else "linear_attention"
+    convs = [c for c in calls if c[0] == "conv_silu_norm"]
+    calls = [c for c in calls if c[0] != "conv_silu_norm"]
+    # the delta rules' input path runs the fused conv kernel (model.conv_impl's default)
+    assert bool(convs) == (mixer in DELTA), (mixer, convs)
+    assert all(dtype == "bfloat16" for _, _, dtype in convs), convs
     assert calls, f"{mixer}: no kernel call"
     assert {c[0] for c in calls} == {op}
     # packed documents reach the kernels, at the GPU default precision
@@ -102,4 +116,5 @@ def test_single_document_rows_pass_no_segment_ids(monkeypatch, tmp_path):
     c = tiny_config(**{"model.mixer": mixers.GATED_DELTANET, "train.steps": 1,
                        "train.checkpoint_every": 0, "train.eval_every": 0})
     loop.train(c, str(tmp_path / "run"))
-    assert calls and not any(packed for _, packed, _ in calls), calls
+    kernel_calls = [c for c in calls if c[0] != "conv_silu_norm"]
+    assert kernel_calls and not any(packed for _, packed, _ in kernel_calls), calls
