@@ -83,8 +83,8 @@ class ModelConfig:
     # The delta rules' input path in training (conv + SiLU + q/k L2 norm + q scale):
     # "pallas": on a GPU with 16-bit compute, one Triton program forward and two backward
     # (kernels.pallas.short_conv; elsewhere the XLA form), or "xla": XLA's fusions
-    # everywhere. The kernel took the GDN mixer from 1.662 to 1.574 ms at B4 T2048 d1024
-    # on an H200 (docs/benchmarks.md, session 16).
+    # everywhere. The kernel is the default where it runs: faster than XLA's fusions
+    # there, in the op and in train.py's step (docs/benchmarks.md, session 16).
     conv_impl: str = _runtime("pallas")
     rope_theta: float = 10000.0
     max_len: int = _runtime(2048)  # default KV-cache length
