@@ -6,11 +6,11 @@
 #    session 16 figures moved 11-18 s for softmax and 14-27 s for GDN between calls);
 # 2. scanned GDN at 8 and 24 layers (first step; the 24-layer row never finished within
 #    a 45 s part limit, so 120 s here);
-# 3. the T2048 throughput pair again (160 steps) for a second sample;
-# 4. the gated delta rule's kernels at the launch settings that compile without spills
+# 3. the gated delta rule's kernels at the launch settings that compile without spills
 #    for sm_90 (scripts/triton_spills.py --kernel gdn: prep_bwd_warps=8, seq_warps=8,
 #    kkt_solve_warps=2) beside the defaults, at B4 T2048 H8 D128 and B64 T256 H6 D64
-#    (issue 16 item 4's short sequences), fwd+bwd against cuDNN.
+#    (issue 16 item 4's short sequences), fwd+bwd against cuDNN;
+# 4. if time is left, the T2048 throughput pair again (160 steps), a second sample.
 #   carry: .whl .jobs    results under $OUT
 set -u
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/ml_collections*.whl
@@ -31,12 +31,12 @@ for L in 8 24; do
     --rows d1024_T2048 --mixers gated_deltanet --steps 20 --tag _scan$L \
     --extra="--config.model.num_layers=$L --config.model.scan_layers=True"
 done
-part 150 python scripts/train_speed.py --text .jobs/input.txt --out $OUT/t2048 \
-  --rows d1024_T2048 --mixers softmax,gated_deltanet --steps 160
 for shape in "4x2048 8 128" "64x256 6 64"; do
   set -- $shape
   part 100 python scripts/bench_kernels.py --out $OUT/k_$1 --shapes $1 --heads $2 --dim $3 \
     --packed '' --chunk-shapes '' --skip chunk,fla,flagraph,bv64 --budget-s 80 \
     --variant nospill:prep_bwd_warps=8,seq_warps=8,kkt_solve_warps=2 2>&1 | tail -20
 done
+part 150 python scripts/train_speed.py --text .jobs/input.txt --out $OUT/t2048 \
+  --rows d1024_T2048 --mixers softmax,gated_deltanet --steps 160
 echo "all done: $(( $(date +%s) - T0 )) s"
