@@ -23,6 +23,7 @@ row needed every register and spilled.
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -78,8 +79,8 @@ def _dpre(pre, dout, normalize: bool, scale: float, eps: float):
 
 
 def _fwd_kernel(pos_ref, x_ref, w_ref, *out_refs, taps, pad, bt, normalize, scale, eps):
-    # x (Tx, N, D) and pos (Tx,): the whole sequence of one batch row and head, with pad
-    # zero rows in front; out (BT, D) each: this program's rows
+    # x (Tx, N, D) and pos (Tx,): the whole sequence of one batch row and head, time-padded
+    # (pad zero rows in front, _Layout.tx); out (BT, D) each: this program's rows
     start = pl.program_id(1) * bt + pad
     for n, out_ref in enumerate(out_refs):
         pre = _pre(x_ref, pos_ref, n, _weights(w_ref, n, taps), start, bt)
@@ -129,14 +130,31 @@ def _block_t(t: int, block_t: int) -> int:
     return min(block_t, max(16, pl.next_power_of_2(t)))
 
 
-def _layout(x, kernel, block_t):
-    """(b, t, n_in, c, taps, bt, tp, pad): taps a power of two, bt rows a program, tp the
-    length rounded up to bt, pad = taps - 1 zero rows before and after the sequence."""
-    b, t, n_in, c = x.shape
+class _Layout(NamedTuple):
+    """Sizes of one call: taps a power of two, bt rows a program, tp the length rounded
+    up to bt, pad = taps - 1 zero rows before the sequence."""
+    b: int
+    t: int
+    n_in: int
+    c: int
+    taps: int
+    bt: int
+    tp: int
+    pad: int
+
+    @property
+    def tx(self) -> int:
+        """Rows of the time-padded inputs: every row a program reads (up to pad before
+        its own; the backward's cotangent programs one row block past the end)."""
+        return self.pad + self.tp + self.bt
+
+
+def _layout(shape, kernel, block_t) -> _Layout:
+    """The layout of x of `shape` (B, T, N, C) with kernel (c, N, C)."""
+    b, t, n_in, c = shape
     taps = pl.next_power_of_2(kernel.shape[0])
     bt = _block_t(t, block_t)
-    tp = -(-t // bt) * bt
-    return b, t, n_in, c, taps, bt, tp, taps - 1
+    return _Layout(b, t, n_in, c, taps, bt, -(-t // bt) * bt, taps - 1)
 
 
 def _padded_kernel(kernel, taps):
@@ -144,21 +162,21 @@ def _padded_kernel(kernel, taps):
     return jnp.pad(kernel, ((taps - kernel.shape[0], 0), (0, 0), (0, 0)))
 
 
-def _time_padded(a, pad, total):
-    """a (B, T, ...) with pad zero rows before it and zero rows after it up to total
+def _time_padded(a, lay: _Layout):
+    """a (B, T, ...) with lay.pad zero rows before it and zero rows after it up to lay.tx
     rows: every row a program reads lies inside."""
-    widths = [(0, 0), (pad, total - pad - a.shape[1])] + [(0, 0)] * (a.ndim - 2)
+    widths = [(0, 0), (lay.pad, lay.tx - lay.pad - a.shape[1])] + [(0, 0)] * (a.ndim - 2)
     return jnp.pad(a, widths)
 
 
-def _specs(tx, n_in, head_dim, taps):
+def _specs(lay: _Layout, head_dim):
     """BlockSpecs on the grid (batch, row block, head): the whole padded sequence of x
     (B, Tx, N, C), positions (B, Tx) and per-input rows (B, Tx, C) of one batch row and
     head (each program reads its rows out of them), the weights (taps, N, C)."""
-    x = pl.BlockSpec((None, tx, n_in, head_dim), lambda b, i, h: (b, 0, 0, h))
-    pos = pl.BlockSpec((None, tx), lambda b, i, h: (b, 0))
-    rows = pl.BlockSpec((None, tx, head_dim), lambda b, i, h: (b, 0, h))
-    weights = pl.BlockSpec((taps, n_in, head_dim), lambda b, i, h: (0, 0, h))
+    x = pl.BlockSpec((None, lay.tx, lay.n_in, head_dim), lambda b, i, h: (b, 0, 0, h))
+    pos = pl.BlockSpec((None, lay.tx), lambda b, i, h: (b, 0))
+    rows = pl.BlockSpec((None, lay.tx, head_dim), lambda b, i, h: (b, 0, h))
+    weights = pl.BlockSpec((lay.taps, lay.n_in, head_dim), lambda b, i, h: (0, 0, h))
     return x, pos, rows, weights
 
 
@@ -166,36 +184,31 @@ def _params(num_warps):
     return common.compiler_params("gpu", num_warps=num_warps, num_stages=1)
 
 
-def forward(x, kernel, pos, *, head_dim, normalize, scale, eps, block_t, num_warps):
-    """The N outputs (B, T, C) in x's dtype; x (B, T, N, C), kernel (c, N, C), pos (B, T)
-    int32."""
-    b, t, n_in, c, taps, bt, tp, pad = _layout(x, kernel, block_t)
-    tx = pad + tp  # each program reads up to pad rows before its own
-    xs, pos_s, _, weights = _specs(tx, n_in, head_dim, taps)
+def _forward(xp, posp, w, lay: _Layout, *, head_dim, normalize, scale, eps, num_warps):
+    """The N outputs (B, T, C) in x's dtype from the time-padded x (B, Tx, N, C) and
+    positions (B, Tx) and the padded weights (taps, N, C)."""
+    xs, pos_s, _, weights = _specs(lay, head_dim)
     outs = pl.pallas_call(
-        functools.partial(_fwd_kernel, taps=taps, pad=pad, bt=bt, normalize=normalize,
-                          scale=scale, eps=eps),
-        grid=(b, tp // bt, c // head_dim),
+        functools.partial(_fwd_kernel, taps=lay.taps, pad=lay.pad, bt=lay.bt,
+                          normalize=normalize, scale=scale, eps=eps),
+        grid=(lay.b, lay.tp // lay.bt, lay.c // head_dim),
         in_specs=[pos_s, xs, weights],
-        out_specs=[pl.BlockSpec((None, bt, head_dim), lambda b, i, h: (b, i, h))] * n_in,
-        out_shape=[jax.ShapeDtypeStruct((b, tp, c), x.dtype)] * n_in,
+        out_specs=[pl.BlockSpec((None, lay.bt, head_dim), lambda b, i, h: (b, i, h))]
+        * lay.n_in,
+        out_shape=[jax.ShapeDtypeStruct((lay.b, lay.tp, lay.c), xp.dtype)] * lay.n_in,
         interpret=common.interpret(), compiler_params=_params(num_warps),
-        name="short_conv_fwd")(_time_padded(pos, pad, tx), _time_padded(x, pad, tx),
-                               _padded_kernel(kernel, taps))
-    return tuple(o[:, :t] for o in outs)
+        name="short_conv_fwd")(posp, xp, w)
+    return tuple(o[:, :lay.t] for o in outs)
 
 
-def backward(x, kernel, pos, douts, *, head_dim, normalize, scale, eps, block_t,
-             num_warps):
-    """(dx (B, T, N, C) in x's dtype, dkernel (c, N, C) float32), in two programs: the
-    cotangent of the conv's output (float32, one row block past the end, zeros there),
-    then dx and the weights' partial gradients from it."""
-    b, t, n_in, c, taps, bt, tp, pad = _layout(x, kernel, block_t)
+def _backward(xp, posp, w, lay: _Layout, douts, *, head_dim, normalize, scale, eps,
+              num_warps):
+    """(dx (B, T, N, C) in x's dtype, the padded weights' gradient (taps, N, C) float32),
+    in two programs: the cotangent of the conv's output (float32, one row block past the
+    end, zeros there), then dx and the weights' partial gradients from it."""
+    b, _, n_in, c, taps, bt, tp, pad = lay
     blocks = tp // bt
-    tx = pad + tp + bt  # rows up to one block past the end are read as zeros
-    xs, pos_s, rows, weights = _specs(tx, n_in, head_dim, taps)
-    xp, posp = _time_padded(x, pad, tx), _time_padded(pos, pad, tx)
-    w = _padded_kernel(kernel, taps)
+    xs, pos_s, rows, weights = _specs(lay, head_dim)
     params = _params(num_warps)
     dpre = pl.pallas_call(
         functools.partial(_dpre_kernel, taps=taps, pad=pad, bt=bt, normalize=normalize,
@@ -206,7 +219,7 @@ def backward(x, kernel, pos, douts, *, head_dim, normalize, scale, eps, block_t,
         out_shape=jax.ShapeDtypeStruct((b, tp + bt, n_in, c), jnp.float32),
         interpret=common.interpret(), compiler_params=params,
         name="short_conv_bwd_dpre")(
-            posp, xp, w, *[_time_padded(d.astype(x.dtype), pad, tx) for d in douts])
+            posp, xp, w, *[_time_padded(d.astype(xp.dtype), lay) for d in douts])
     dx, dw = pl.pallas_call(
         functools.partial(_bwd_kernel, taps=taps, pad=pad, bt=bt, n_in=n_in),
         grid=(b, blocks, c // head_dim),
@@ -215,12 +228,17 @@ def backward(x, kernel, pos, douts, *, head_dim, normalize, scale, eps, block_t,
         out_specs=[pl.BlockSpec((None, bt, n_in, head_dim), lambda b, i, h: (b, i, 0, h)),
                    pl.BlockSpec((None, None, taps, n_in, head_dim),
                                 lambda b, i, h: (b, i, 0, 0, h))],
-        out_shape=[jax.ShapeDtypeStruct((b, tp, n_in, c), x.dtype),
+        out_shape=[jax.ShapeDtypeStruct((b, tp, n_in, c), xp.dtype),
                    jax.ShapeDtypeStruct((b, blocks, taps, n_in, c), jnp.float32)],
         interpret=common.interpret(), compiler_params=params,
         name="short_conv_bwd")(posp, xp, w, dpre)
-    dkernel = jnp.sum(dw, axis=(0, 1))[taps - kernel.shape[0]:]
-    return dx[:, :t], dkernel
+    return dx[:, :lay.t], jnp.sum(dw, axis=(0, 1))
+
+
+def _padded_inputs(x, kernel, pos, block_t):
+    """(x, positions and weights padded for the programs, the layout)."""
+    lay = _layout(x.shape, kernel, block_t)
+    return _time_padded(x, lay), _time_padded(pos, lay), _padded_kernel(kernel, lay.taps), lay
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7, 8))
@@ -228,21 +246,25 @@ def conv_silu_norm(x, kernel, pos, head_dim, normalize, scale, eps, block_t, num
     """See the module docstring: x (B, T, N, C), kernel (c, N, C), pos (B, T) int32 (each
     token's position in its document); normalize / scale: N static bools / floats.
     Returns the N outputs (B, T, C) in x's dtype."""
-    return forward(x, kernel, pos, head_dim=head_dim, normalize=normalize, scale=scale,
-                   eps=eps, block_t=block_t, num_warps=num_warps)
+    return _vjp_fwd(x, kernel, pos, head_dim, normalize, scale, eps, block_t, num_warps)[0]
 
 
 def _vjp_fwd(x, kernel, pos, head_dim, normalize, scale, eps, block_t, num_warps):
-    outs = forward(x, kernel, pos, head_dim=head_dim, normalize=normalize, scale=scale,
-                   eps=eps, block_t=block_t, num_warps=num_warps)
-    return outs, (x, kernel, pos)
+    # the padded inputs are the residuals: the backward reads the same rows, padded once
+    xp, posp, w, lay = _padded_inputs(x, kernel, pos, block_t)
+    outs = _forward(xp, posp, w, lay, head_dim=head_dim, normalize=normalize, scale=scale,
+                    eps=eps, num_warps=num_warps)
+    return outs, (xp, posp, kernel)
 
 
 def _vjp_bwd(head_dim, normalize, scale, eps, block_t, num_warps, saved, douts):
-    x, kernel, pos = saved
-    dx, dkernel = backward(x, kernel, pos, douts, head_dim=head_dim, normalize=normalize,
-                           scale=scale, eps=eps, block_t=block_t, num_warps=num_warps)
-    return dx, dkernel.astype(kernel.dtype), None
+    xp, posp, kernel = saved
+    t = douts[0].shape[1]  # the padded inputs keep every size but the length
+    lay = _layout((xp.shape[0], t) + xp.shape[2:], kernel, block_t)
+    dx, dw = _backward(xp, posp, _padded_kernel(kernel, lay.taps), lay, douts,
+                       head_dim=head_dim, normalize=normalize, scale=scale, eps=eps,
+                       num_warps=num_warps)
+    return dx, dw[lay.taps - kernel.shape[0]:].astype(kernel.dtype), None
 
 
 conv_silu_norm.defvjp(_vjp_fwd, _vjp_bwd)
