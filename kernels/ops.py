@@ -64,7 +64,7 @@ def _resolve_impl(impl, op, dtype):
 
 # The Pallas entry points' settings (everything else they take is an array or None).
 _PALLAS_STATIC = ("return_state", "chunk_size", "tuning", "normalize", "eps", "variant",
-                  "fused_prep")
+                  "fused_prep", "head_dim", "scale", "block_t", "num_warps")
 
 
 @functools.cache
@@ -380,13 +380,7 @@ def conv_silu_norm(x, kernel, positions, *, head_dim: int, normalize, scale,
     applies): x (B, T, N, C), kernel (c, N, C), positions (B, T) int32 (each token's
     position in its document); normalize / scale: N bools / floats. Returns the N
     outputs (B, T, C) in x's dtype."""
-    return _jitted_conv(_pallas_module().conv_silu_norm)(
-        x, kernel, positions, head_dim, tuple(normalize), tuple(float(s) for s in scale),
-        float(eps), _CONV_BLOCK_T, _CONV_WARPS)
-
-
-@functools.cache
-def _jitted_conv(fn):
-    """The conv kernel's entry point under one jax.jit, shared by the layers (as
-    _jitted_pallas: one lowering of its programs for the whole model)."""
-    return jax.jit(fn, static_argnums=(3, 4, 5, 6, 7, 8))
+    return _jitted_pallas(_pallas_module().conv_silu_norm)(
+        x, kernel, positions, head_dim=head_dim, normalize=tuple(normalize),
+        scale=tuple(float(s) for s in scale), eps=float(eps), block_t=_CONV_BLOCK_T,
+        num_warps=_CONV_WARPS)

@@ -2,9 +2,10 @@
 kernels, with the batch's segment ids where rows hold several documents and without
 them where every row is one example (MQAR). The backend reads as "gpu" and a stand-in
 kernels.pallas counts the calls (running the chunk form, and the delta rules' fused conv
-kernel in interpret mode), at the default precision (bfloat16 there). Every mixer's train step (training.step.make_train_step, built and
-sharded as training builds it, on a pipeline batch) is traced; one step of train.py's own
-loop (training.loop.train) runs for gated_deltanet, and for the others under -m slow.
+kernel in interpret mode), at the default precision (bfloat16 there). Every mixer's train
+step (training.step.make_train_step, built and sharded as training builds it, on a
+pipeline batch) is traced; one step of train.py's own loop (training.loop.train) runs for
+gated_deltanet, and for the others under -m slow.
 """
 import sys
 import types
@@ -41,9 +42,9 @@ def stand_in_kernels(monkeypatch):
         return ops.gated_delta_rule(q, k, v, log_alpha, beta, segment_ids=segment_ids,
                                     impl="chunk", **kwargs)
 
-    def conv_silu_norm(x, *args):
+    def conv_silu_norm(x, kernel, positions, **settings):
         calls.append(("conv_silu_norm", None, str(x.dtype)))
-        return short_conv.conv_silu_norm(x, *args)
+        return short_conv.conv_silu_norm(x, kernel, positions, **settings)
 
     module = types.ModuleType("kernels.pallas")
     module.linear_attention, module.gated_delta_rule = linear_attention, gated_delta_rule
