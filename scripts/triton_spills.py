@@ -1,15 +1,14 @@
 """Registers and spills of a Pallas GPU program, on a machine without a GPU.
 
-    python scripts/triton_spills.py [--kernel short_conv|gdn] [--block_t 16] [--warps 8]
+    python scripts/triton_spills.py [--kernel short_conv|gdn] [--block_t 16] [--warps 4]
         [--tuning prep_bwd_warps=8,...]
 
 Lowers the kernel's forward and gradient for CUDA (jax's Triton lowering runs on any
 machine), keeps each program's Triton IR, compiles it with the `triton` package for
 sm_90 (an H200) and runs its bundled ptxas -v, which reports the registers a thread
 uses and the bytes it spills to local memory. A spilling program reads and writes those
-bytes for every element it touches: kernels.pallas.short_conv's backward at row block
-32 and 4 warps spilled 44 KB a thread and took 7.5 ms where XLA took ~0.3 ms
-(docs/benchmarks.md). Needs `pip install triton` (the GPU image has it); a static check
+bytes for every element it touches: session 15's kernels.pallas.short_conv backward
+spilled 44 KB a thread and took 7.5 ms where XLA took ~0.3 ms (docs/benchmarks.md). Needs `pip install triton` (the GPU image has it); a static check
 before spending device time, not a timing.
 """
 from __future__ import annotations
@@ -26,6 +25,8 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+
+from kernels import ops  # noqa: E402
 
 
 def captured_programs(loss, *args):
@@ -113,8 +114,9 @@ def ptxas_report(ttir: str, warps: int, stages: int = 1) -> str:
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--kernel", default="short_conv", choices=["short_conv", "gdn"])
-    ap.add_argument("--block_t", type=int, default=16)
-    ap.add_argument("--warps", type=int, default=8)
+    # short_conv: the setting kernels.ops runs unless told otherwise
+    ap.add_argument("--block_t", type=int, default=ops._CONV_BLOCK_T)
+    ap.add_argument("--warps", type=int, default=ops._CONV_WARPS)
     ap.add_argument("--tuning", default="", help="gdn: kernels.pallas.Tuning fields, "
                     "key=value,... (scripts/bench_kernels.py's parse_tuning)")
     args = ap.parse_args(argv)
