@@ -8,8 +8,9 @@ machine), keeps each program's Triton IR, compiles it with the `triton` package 
 sm_90 (an H200) and runs its bundled ptxas -v, which reports the registers a thread
 uses and the bytes it spills to local memory. A spilling program reads and writes those
 bytes for every element it touches: session 15's kernels.pallas.short_conv backward
-spilled 44 KB a thread and took 7.5 ms where XLA took ~0.3 ms (docs/benchmarks.md). Needs `pip install triton` (the GPU image has it); a static check
-before spending device time, not a timing.
+spilled 44 KB a thread and took 7.5 ms where XLA took ~0.3 ms (docs/benchmarks.md).
+Needs `pip install triton` (the GPU image has it); a static check before spending device
+time, not a timing.
 """
 from __future__ import annotations
 
