@@ -17,7 +17,8 @@ from ml_collections import config_dict
 from configs import base
 
 # ModelConfig keys a conversion may set on the student (training.convert_init.
-# STUDENT_KEYS); None keeps the teacher's value.
+# STUDENT_KEYS); None keeps the teacher's value. dropout is stage 2's (stage 1 runs
+# without it).
 _STUDENT_KEYS = {"hedgehog_map": str, "feature_map": str, "feature_rope": bool,
                  "window": int, "based_feature_dim": int, "num_random_features": int,
                  "performer_redraw_every": int, "performer_qk_norm": bool,

@@ -325,10 +325,16 @@ def _run(config, workdir: pathlib.Path) -> dict:
     overrides = {k: v for k, v in config.model.to_dict().items() if v is not None}
     try:
         scfg, converted = convert_init.student_config(tcfg, c.mixer, c.layers, overrides)
-        scfg = dataclasses.replace(scfg, dtype=dtype)
     except ValueError as e:
         raise ConvertError(str(e)) from None
-    stage_cfgs = {s: _stage_config(config, s, scfg, data) for s in (1, 2)}
+    # Stage 1 matches the frozen teacher layer by layer, so both run without dropout.
+    # Stage 2 trains on next-token loss as the teacher was trained, with its dropout
+    # (model.dropout sets another): without it, fine-tuning a small-data teacher
+    # memorises the training text and its validation loss rises.
+    scfg, tune_cfg = (dataclasses.replace(scfg, dtype=dtype, dropout=rate) for rate in
+                      (0.0, overrides.get("dropout", teacher.cfg.dropout)))
+    stage_cfgs = {1: _stage_config(config, 1, scfg, data),
+                  2: _stage_config(config, 2, tune_cfg, data)}
     active = {1: int(c.stage1_steps) > 0,
               2: c.stage2 != "none" and int(c.stage2_steps) > 0}
     for s, stage_cfg in stage_cfgs.items():
@@ -345,6 +351,7 @@ def _run(config, workdir: pathlib.Path) -> dict:
     packed = dataset.packed
     T = _describe(tcfg, seed, mesh)
     S = _describe(scfg, seed, mesh)
+    S_tune = S if tune_cfg == scfg else _describe(tune_cfg, seed, mesh)
     tparams = _put(teacher.params, T.shardings, {k: v.dtype for k, v in T.abstract.items()})
     repl = shd.replicated(mesh)
     feed = loop._Feed(dataset, config.train.batch_size, config.train.eval_batches,
@@ -383,7 +390,7 @@ def _run(config, workdir: pathlib.Path) -> dict:
     merge = lambda p: p
     if active[2]:
         host = {k: np.asarray(v) for k, v in jax.device_get(params).items()}
-        params, result, merge = _stage2(stage_cfgs[2], workdir / "stage2", S, host, c,
+        params, result, merge = _stage2(stage_cfgs[2], workdir / "stage2", S_tune, host, c,
                                         trainable, scale, dataset, mesh, packed)
         report["stage2_eval"] = result
         agree2 = _report_fn(T, S, converted, packed, merge)
@@ -393,7 +400,7 @@ def _run(config, workdir: pathlib.Path) -> dict:
     final = {k: np.asarray(v) for k, v in jax.device_get(merge(params)).items()}
     if c.get("export", True) and jax.process_index() == 0:
         report["export"] = str(workdir / "export")
-        report["export_format"] = hf.save(hf.build(scfg, final), workdir / "export")
+        report["export_format"] = hf.save(hf.build(tune_cfg, final), workdir / "export")
     if jax.process_index() == 0:
         workdir.mkdir(parents=True, exist_ok=True)
         (workdir / "report.json").write_text(json.dumps(report, indent=2) + "\n")

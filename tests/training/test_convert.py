@@ -30,13 +30,14 @@ def _quiet(c):
 
 @pytest.fixture(scope="module")
 def teacher(tmp_path_factory):
-    """A 2 x 32 softmax model, 150 steps of train.py's loop on tiny-Shakespeare."""
+    """A 2 x 32 softmax model, 150 steps of train.py's loop on tiny-Shakespeare, with
+    dropout 0.1 (which stage 2 trains with again, stage 1 without)."""
     if not SHAKESPEARE.exists():
         pytest.skip(f"{SHAKESPEARE} not present")
     c = config_tools.load_config_file("configs/shakespeare_char.py")
     c.unlock()
     c.data.files = str(SHAKESPEARE)
-    c.model.update(dict(d_model=32, num_layers=2, num_heads=2))
+    c.model.update(dict(d_model=32, num_layers=2, num_heads=2, dropout=0.1))
     c.train.update(dict(steps=150, batch_size=8, lr=3e-3, warmup_steps=20, eval_every=0,
                         checkpoint_every=0, log_every=50, eval_batches=2))
     _quiet(c)
@@ -60,12 +61,22 @@ def convert_config(teacher, **convert_keys):
 
 @pytest.fixture(scope="module")
 def converted(teacher, tmp_path_factory):
+    """(workdir, report, the dropout rate of the model stage 2 trained)."""
     workdir = tmp_path_factory.mktemp("converted")
-    return workdir, convert.run(convert_config(teacher), str(workdir))
+    stage2_dropout = []
+    original = convert._stage2
+
+    def recording_stage2(config, stage_dir, described, *args):
+        stage2_dropout.append(described.make().dropout.rate)
+        return original(config, stage_dir, described, *args)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(convert, "_stage2", recording_stage2)
+        report = convert.run(convert_config(teacher), str(workdir))
+    return workdir, report, stage2_dropout
 
 
 def test_stage1_loss_falls_and_attention_agreement_rises(converted):
-    workdir, report = converted
+    workdir, report, _ = converted
     losses = [m["loss"] for m in metrics.read_metrics(workdir / "stage1") if "loss" in m]
     print("stage-1 loss", losses[0], "->", losses[-1])
     assert losses[-1] < 0.97 * losses[0]
@@ -84,7 +95,7 @@ def test_stage1_loss_falls_and_attention_agreement_rises(converted):
 def test_lora_stage_and_export_read_back(converted):
     """Stage 2 trains rank-8 adapters (saved beside the frozen weights); the export is
     the merged model, which models.hf reads back to stage 2's eval loss."""
-    workdir, report = converted
+    workdir, report, _ = converted
     meta = json.loads((workdir / "stage2" / "config.json").read_text())
     assert meta["convert"]["stage2"] == "lora" and meta["train"]["steps"] == 10
     exported = hf.load(workdir / "export")
@@ -101,11 +112,21 @@ def test_lora_stage_and_export_read_back(converted):
                                rtol=1e-5)
 
 
+def test_stage2_trains_with_the_teachers_dropout(converted):
+    """Stage 1 compares deterministic layers (its config's dropout 0); stage 2 fine-tunes
+    the model with the teacher's dropout, as the teacher was trained."""
+    workdir, _, stage2_dropout = converted
+    rates = {s: json.loads((workdir / s / "config.json").read_text())["model"]["dropout"]
+             for s in ("stage1", "stage2")}
+    assert rates == {"stage1": 0.0, "stage2": 0.1}
+    assert stage2_dropout == [0.1]
+
+
 @pytest.mark.slow
 def test_resume_is_exact(teacher, converted, tmp_path, monkeypatch):
     """Stopped at stage 1's step 30 (after its step-20 checkpoint) and run again, the
     conversion logs the losses of the run that was never stopped, in both stages."""
-    reference, _ = converted
+    reference, _, _ = converted
     config = convert_config(teacher)
     original = loop._StepLog.add
 
