@@ -18,10 +18,13 @@ STEPS=${STEPS:-1955}
 BUDGET=${BUDGET:-540}
 for spec in ${OURS:-softmax:1 taylor:1 gated_deltanet:2}; do
   name=${spec%%:*}; heads=${spec##*:}
-  # No preallocation: session 12's first run preallocated 0.18 of the GPU for each of
-  # ours (25.8 GB) and Zoology's gated_delta_net and one based run ran out of memory.
-  PYTHONPATH=/tmp/site_ml:$PWD XLA_PYTHON_CLIENT_MEM_FRACTION=0.18 \
-    XLA_PYTHON_CLIENT_PREALLOCATE=false \
+  # Ours take a fixed share of the GPU at start, before Zoology's processes start (they
+  # first generate the data, ~50 s): preallocating 0.18 each beside nine Zoology runs
+  # left those too little (session 12), and growing on demand beside six left ours too
+  # little (session 17: a 3-member step asks ~15.3 GiB at vocabulary 8,192). Set
+  # OURS_MEM to the share of each of our processes and PARALLEL so that all fit.
+  PYTHONPATH=/tmp/site_ml:$PWD XLA_PYTHON_CLIENT_MEM_FRACTION=${OURS_MEM:-0.18} \
+    XLA_PYTHON_CLIENT_PREALLOCATE=true \
     timeout -s TERM "$BUDGET" python -m training.population \
       --config=configs/mqar_zoology_paper.py --workdir="$W/$name" \
       --lrs=2.1544347e-3 --seeds=0,1,2 --config.model.mixer="$name" \
@@ -37,6 +40,9 @@ PYTHONPATH=/tmp/site:.jobs/zoology PYTORCH_CUDA_ALLOC_CONF=expandable_segments:T
   --steps="$STEPS" --epochs=5 --parallel=${PARALLEL:-9} --budget_s="$BUDGET" --out="$OUT/zoology" \
   > "$OUT/zoology.out" 2>&1 &
 wait
+# At most 8 files come back from $OUT: every run's files go back as one archive.
+tar -czf "$OUT/anchor_runs.tgz" -C "$OUT" ours zoology
 for f in "$OUT"/ours/*.out; do echo "== $f"; grep -v "^step [0-9]*:" "$f" | tail -8; grep "^step" "$f" | tail -2; done
 for f in "$OUT"/ours/*.err; do echo "== $f"; tail -3 "$f"; done
 echo "== zoology"; tail -30 "$OUT/zoology.out"
+rm -rf "$OUT/ours" "$OUT/zoology"
