@@ -11,7 +11,8 @@ For each seed: (1) train.py trains the teacher with --teacher_config
 stage 2 steps of the same batch, 250 + 250 by default: 10% of the teacher's tokens);
 (3) train.py trains that mixer from scratch for the conversion's total steps. Every run
 is a subprocess with its own workdir under OUT, so a killed comparison started again
-skips what finished and resumes what did not. Validation losses are each run's final
+skips what finished and resumes what did not. --parts=scratch runs (3) alone (it needs no
+teacher, so a job can run it beside the teachers' training), --parts=convert (1) and (2). Validation losses are each run's final
 eval (the same held-out tail, --eval_batches batches). `--extra` passes overrides to
 every run (e.g. --extra=--config.train.steps=2000 for a shorter teacher).
 """
@@ -50,6 +51,17 @@ def _interval(xs: list[float]) -> str:
     return f"{statistics.mean(xs):.4f} +- {half:.4f}"
 
 
+def _scratch(py, args, out, seed, mixer, steps, common, log, record):
+    """The mixer trained from scratch with the teacher's recipe for the conversion's
+    total steps."""
+    scratch = out / f"scratch_{mixer}_seed{seed}"
+    _run([py, "train.py", f"--config={args.teacher_config}", f"--workdir={scratch}",
+          f"--config.train.seed={seed}", f"--config.model.mixer={mixer}",
+          f"--config.train.steps={steps}", *common, *args.scratch_extra], log)
+    record(seed=seed, run=f"scratch ({steps} steps)", mixer=mixer,
+           eval_loss=_final_eval(scratch))
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
@@ -70,6 +82,9 @@ def main():
                    help="an override for every from-scratch run")
     p.add_argument("--results", help="results.json's path (default OUT/results.json), "
                    "rewritten after every run")
+    p.add_argument("--parts", default="convert,scratch",
+                   help="what to run for each (seed, mixer): convert (needs the teacher) "
+                   "and/or scratch (does not, so it can run beside the teachers' training)")
     args = p.parse_args()
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -86,7 +101,15 @@ def main():
         print(json.dumps(row), flush=True)
         results.write_text(json.dumps(rows, indent=2) + "\n")
 
+    parts = set(args.parts.split(","))
+    if not parts or parts - {"convert", "scratch"}:
+        sys.exit(f"--parts={args.parts!r}: name convert and/or scratch")
     for seed in [int(s) for s in args.seeds.split(",")]:
+        steps = args.stage1_steps + args.stage2_steps
+        if "convert" not in parts:
+            for mixer in args.mixers.split(","):
+                _scratch(py, args, out, seed, mixer, steps, common, log, record)
+            continue
         if args.teacher_dir:
             teacher = pathlib.Path(args.teacher_dir.format(seed=seed))
         else:
@@ -95,7 +118,6 @@ def main():
                   f"--config.train.seed={seed}", *common, *args.extra], log)
         record(seed=seed, run="softmax teacher", mixer="softmax",
                eval_loss=_final_eval(teacher))
-        steps = args.stage1_steps + args.stage2_steps
         for mixer in args.mixers.split(","):
             conv = out / f"convert_{mixer}_seed{seed}"
             _run([py, "-m", "training.convert", f"--config=configs/convert_{mixer}.py",
@@ -112,15 +134,13 @@ def main():
                     record(seed=seed, run=f"converted (after {stage[:6]})", mixer=mixer,
                            eval_loss=report[stage]["eval_loss"],
                            agreement=report.get("agreement_" + stage[:6]))
-            scratch = out / f"scratch_{mixer}_seed{seed}"
-            _run([py, "train.py", f"--config={args.teacher_config}", f"--workdir={scratch}",
-                  f"--config.train.seed={seed}", f"--config.model.mixer={mixer}",
-                  f"--config.train.steps={steps}", *common, *args.scratch_extra], log)
-            record(seed=seed, run=f"scratch ({steps} steps)", mixer=mixer,
-                   eval_loss=_final_eval(scratch))
+            if "scratch" in parts:
+                _scratch(py, args, out, seed, mixer, steps, common, log, record)
     groups: dict = {}
     for r in rows:
         groups.setdefault((r["mixer"], r["run"]), []).append(r["eval_loss"])
+    if ("softmax", "softmax teacher") not in groups:
+        return
     teacher = statistics.mean(groups[("softmax", "softmax teacher")])
     print("\n| mixer | run | val loss (mean +- 95% t-interval) | vs teacher |\n"
           "|---|---|---|---|")
