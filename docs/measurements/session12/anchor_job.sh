@@ -6,8 +6,9 @@
 # 0, 1, 2, 1,955 steps (5 epochs of Zoology's 100k examples; ours draws fresh examples),
 # float32, cosine to 0. Mixers: Zoology attention / based / gated_delta_net against our
 # softmax (1 head) / taylor (1 head, feature dim 8) / gated_deltanet (2 heads).
-# OURS (name:heads ...), ZOOLOGY (comma list) and PARALLEL pick other rows (session 13:
-# OURS=deltanet:2 ZOOLOGY=delta_net,gated_delta_net PARALLEL=6).
+# OURS (name:heads ...), ZOOLOGY (comma list, or none) and PARALLEL pick other rows
+# (session 17: OURS="gated_deltanet:2 deltanet:2" ZOOLOGY=gated_delta_net,delta_net
+# PARALLEL=6).
 #   carry: .whl2 .jobs     run from the repository root; results under $OUT
 set -u
 pip install -q --no-index --no-deps --target /tmp/site_ml .whl2/ml_collections*.whl
@@ -34,15 +35,18 @@ for spec in ${OURS:-softmax:1 taylor:1 gated_deltanet:2}; do
       --config.logging.progress=False \
       > "$OUT/ours/$name.out" 2> "$OUT/ours/$name.err" &
 done
+mkdir -p "$OUT/zoology"
+if [ "${ZOOLOGY:-}" != none ]; then  # ZOOLOGY=none: ours alone
 PYTHONPATH=/tmp/site:.jobs/zoology PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
   python docs/measurements/session12/zoology_anchor.py \
   --mixers=${ZOOLOGY:-attention,based,gated_delta_net} --seeds=0,1,2 --lrs=2.1544347e-3 \
   --steps="$STEPS" --epochs=5 --parallel=${PARALLEL:-9} --budget_s="$BUDGET" --out="$OUT/zoology" \
   > "$OUT/zoology.out" 2>&1 &
+fi
 wait
 # At most 8 files come back from $OUT: every run's files go back as one archive.
 tar -czf "$OUT/anchor_runs.tgz" -C "$OUT" ours zoology
 for f in "$OUT"/ours/*.out; do echo "== $f"; grep -v "^step [0-9]*:" "$f" | tail -8; grep "^step" "$f" | tail -2; done
 for f in "$OUT"/ours/*.err; do echo "== $f"; tail -3 "$f"; done
-echo "== zoology"; tail -30 "$OUT/zoology.out"
+[ -f "$OUT/zoology.out" ] && { echo "== zoology"; tail -30 "$OUT/zoology.out"; }
 rm -rf "$OUT/ours" "$OUT/zoology"
