@@ -167,7 +167,9 @@ class LanguageModel(nnx.Module):
         table = self.embed.embedding[...]
         return jnp.take(table, tokens, axis=0).astype(jnp.float32)
 
-    def _logits(self, x):
+    def logits(self, x):
+        """Logits (..., V) float32 of residual-stream vectors x (..., d): the final norm
+        and the head (the embedding's transpose when tied)."""
         x = self.final_norm(x)
         if self.head is None:
             w = self.embed.embedding[...]
@@ -178,6 +180,12 @@ class LanguageModel(nnx.Module):
     def __call__(self, tokens, *, segment_ids=None, deterministic: bool = True):
         """tokens (B, T) int -> logits (B, T, V) float32. segment_ids (B, T) keeps packed
         documents apart."""
+        return self.logits(self.hidden(tokens, segment_ids=segment_ids,
+                                       deterministic=deterministic))
+
+    def hidden(self, tokens, *, segment_ids=None, deterministic: bool = True):
+        """The residual stream after the last block, (B, T, d): `logits` of it are the
+        model's output (a loss can form them a few tokens at a time)."""
         positions = (None if self.pos_embed is None
                      else segment_positions(segment_ids, tokens.shape[1]))
         x = self.dropout(self._embed(tokens, positions), deterministic=deterministic)
@@ -190,7 +198,7 @@ class LanguageModel(nnx.Module):
                     x = _remat_block(block, x, segment_ids, deterministic, policy)
                 else:
                     x = block(x, segment_ids=segment_ids, deterministic=deterministic)
-        return self._logits(x)
+        return x
 
     def _scanned(self, x, segment_ids, deterministic: bool, policy: str):
         """The groups under one lax.scan over the stacked state: step r runs layers
@@ -228,7 +236,7 @@ class LanguageModel(nnx.Module):
             x, state = block.prefill(x, state)
             states.append(state)
         pos = cache["pos"] + tokens.shape[1]
-        return self._logits(x), {"pos": pos, "layers": states}
+        return self.logits(x), {"pos": pos, "layers": states}
 
     def decode_step(self, token, cache):
         """One token per sequence (B,) -> (logits (B, V), cache one position on)."""
@@ -237,7 +245,7 @@ class LanguageModel(nnx.Module):
         for block, state in zip(self.layers(), cache["layers"]):
             x, state = block.step(x, state)
             states.append(state)
-        return self._logits(x), {"pos": cache["pos"] + 1, "layers": states}
+        return self.logits(x), {"pos": cache["pos"] + 1, "layers": states}
 
     def state_size(self, seq_len: int = 1) -> int:
         """Numbers held per sequence while decoding after seq_len tokens, over all layers:

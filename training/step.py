@@ -17,17 +17,63 @@ from training import model_state
 from training import sharding as shd
 
 
-def loss_sums(model, batch, *, deterministic: bool, packed: bool = True):
+# Past this many logits (tokens x vocabulary) in a batch, the loss forms them a few
+# positions at a time and the backward pass forms them again: the batch's float32 logits,
+# their softmax and their gradient (B x T x V floats each) then never exist at once. Below
+# it one pass is faster and the memory small.
+LOSS_CHUNK_LOGITS = 1 << 26
+
+
+def _token_losses(logits, targets):
+    """(cross-entropy, 1.0 where the argmax is the target) per token, float32."""
+    logits = logits.astype(jnp.float32)
+    nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    correct = (jnp.argmax(logits, axis=-1) == targets).astype(jnp.float32)
+    return nll, correct
+
+
+def loss_sums(model, batch, *, deterministic: bool, packed: bool = True,
+              chunk_logits: int = LOSS_CHUNK_LOGITS):
     """(sum of masked token cross-entropies, number of masked tokens, number correct).
     packed: the data's rows may hold several documents (data.Dataset.packed); if not,
-    the model gets no segment ids (every linear op then runs its unsegmented kernel)."""
-    logits = model(batch["inputs"], segment_ids=batch["segment_ids"] if packed else None,
-                   deterministic=deterministic)
-    logits = logits.astype(jnp.float32)
-    nll = optax.softmax_cross_entropy_with_integer_labels(logits, batch["targets"])
+    the model gets no segment ids (every linear op then runs its unsegmented kernel).
+    A model with `hidden` and `logits` (models.LanguageModel) whose batch would hold more
+    than chunk_logits logits has them formed in pieces of the time axis
+    (_chunked_sums)."""
+    inputs, targets = batch["inputs"], batch["targets"]
+    segment_ids = batch["segment_ids"] if packed else None
     mask = batch["mask"].astype(jnp.float32)
-    correct = (jnp.argmax(logits, axis=-1) == batch["targets"]).astype(jnp.float32)
-    return jnp.sum(nll * mask), jnp.sum(mask), jnp.sum(correct * mask)
+    vocab = getattr(getattr(model, "cfg", None), "vocab_size", None)
+    if vocab is None or not hasattr(model, "hidden") or targets.size * vocab <= chunk_logits:
+        logits = model(inputs, segment_ids=segment_ids, deterministic=deterministic)
+        nll, correct = _token_losses(logits, targets)
+        return jnp.sum(nll * mask), jnp.sum(mask), jnp.sum(correct * mask)
+    x = model.hidden(inputs, segment_ids=segment_ids, deterministic=deterministic)
+    width = max(1, chunk_logits // (targets.shape[0] * vocab))
+    nll_sum, correct_sum = _chunked_sums(model.logits, x, targets, mask, width)
+    return nll_sum, jnp.sum(mask), correct_sum
+
+
+def _chunked_sums(logits_of, x, targets, mask, width: int):
+    """(sum of masked cross-entropies, number correct) over pieces of `width` positions
+    of the time axis, each piece's logits formed under jax.checkpoint (the backward pass
+    keeps only x). Pieces cut the time axis, not the batch, so the batch keeps its
+    sharding; padded positions have mask 0."""
+    b, t = targets.shape
+    pieces = -(-t // width)
+
+    def split(a):  # (B, T, ...) -> (pieces, B, width, ...)
+        a = jnp.pad(a, [(0, 0), (0, pieces * width - t)] + [(0, 0)] * (a.ndim - 2))
+        return jnp.swapaxes(a.reshape((b, pieces, width) + a.shape[2:]), 0, 1)
+
+    @jax.checkpoint
+    def piece(args):
+        xp, tp, mp = args
+        nll, correct = _token_losses(logits_of(xp), tp)
+        return jnp.sum(nll * mp), jnp.sum(correct * mp)
+
+    nll, correct = jax.lax.map(piece, (split(x), split(targets), split(mask)))
+    return jnp.sum(nll), jnp.sum(correct)
 
 
 def make_train_step(parts: model_state.ModelParts, tx, grad_accum: int, mesh,
