@@ -11,9 +11,10 @@ For each seed: (1) train.py trains the teacher with --teacher_config
 stage 2 steps of the same batch, 250 + 250 by default: 10% of the teacher's tokens);
 (3) train.py trains that mixer from scratch for the conversion's total steps. Every run
 is a subprocess with its own workdir under OUT, so a killed comparison started again
-skips what finished and resumes what did not. --parts=scratch runs (3) alone (it needs no
-teacher, so a job can run it beside the teachers' training), --parts=convert (1) and (2). Validation losses are each run's final
-eval (the same held-out tail, --eval_batches batches). `--extra` passes overrides to
+skips what finished and resumes what did not. --parts=scratch runs (3) alone (it needs
+no teacher, so a job can run it beside the teachers' training), --parts=convert (1) and
+(2). Validation losses are each run's final eval (the same held-out tail, --eval_batches
+batches). `--extra` passes overrides to
 every run (e.g. --extra=--config.train.steps=2000 for a shorter teacher).
 """
 from __future__ import annotations
@@ -49,17 +50,6 @@ def _interval(xs: list[float]) -> str:
     t = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776}.get(len(xs), 2.0)
     half = t * statistics.stdev(xs) / math.sqrt(len(xs))
     return f"{statistics.mean(xs):.4f} +- {half:.4f}"
-
-
-def _scratch(py, args, out, seed, mixer, steps, common, log, record):
-    """The mixer trained from scratch with the teacher's recipe for the conversion's
-    total steps."""
-    scratch = out / f"scratch_{mixer}_seed{seed}"
-    _run([py, "train.py", f"--config={args.teacher_config}", f"--workdir={scratch}",
-          f"--config.train.seed={seed}", f"--config.model.mixer={mixer}",
-          f"--config.train.steps={steps}", *common, *args.scratch_extra], log)
-    record(seed=seed, run=f"scratch ({steps} steps)", mixer=mixer,
-           eval_loss=_final_eval(scratch))
 
 
 def main():
@@ -104,38 +94,43 @@ def main():
     parts = set(args.parts.split(","))
     if not parts or parts - {"convert", "scratch"}:
         sys.exit(f"--parts={args.parts!r}: name convert and/or scratch")
+    steps = args.stage1_steps + args.stage2_steps
     for seed in [int(s) for s in args.seeds.split(",")]:
-        steps = args.stage1_steps + args.stage2_steps
-        if "convert" not in parts:
-            for mixer in args.mixers.split(","):
-                _scratch(py, args, out, seed, mixer, steps, common, log, record)
-            continue
-        if args.teacher_dir:
-            teacher = pathlib.Path(args.teacher_dir.format(seed=seed))
-        else:
-            teacher = out / f"teacher_seed{seed}"
-            _run([py, "train.py", f"--config={args.teacher_config}", f"--workdir={teacher}",
-                  f"--config.train.seed={seed}", *common, *args.extra], log)
-        record(seed=seed, run="softmax teacher", mixer="softmax",
-               eval_loss=_final_eval(teacher))
+        if "convert" in parts:
+            if args.teacher_dir:
+                teacher = pathlib.Path(args.teacher_dir.format(seed=seed))
+            else:
+                teacher = out / f"teacher_seed{seed}"
+                _run([py, "train.py", f"--config={args.teacher_config}",
+                      f"--workdir={teacher}", f"--config.train.seed={seed}", *common,
+                      *args.extra], log)
+            record(seed=seed, run="softmax teacher", mixer="softmax",
+                   eval_loss=_final_eval(teacher))
         for mixer in args.mixers.split(","):
-            conv = out / f"convert_{mixer}_seed{seed}"
-            _run([py, "-m", "training.convert", f"--config=configs/convert_{mixer}.py",
-                  f"--workdir={conv}", f"--config.convert.teacher={teacher}",
-                  f"--config.train.seed={seed}",
-                  f"--config.convert.stage1_steps={args.stage1_steps}",
-                  f"--config.convert.stage2_steps={args.stage2_steps}",
-                  f"--config.train.eval_batches={args.eval_batches}",
-                  "--config.logging.progress=False", "--config.logging.wandb=disabled",
-                  *args.convert_extra], log)
-            report = json.loads((conv / "report.json").read_text())
-            for stage in ("stage1_eval", "stage2_eval"):
-                if stage in report:
-                    record(seed=seed, run=f"converted (after {stage[:6]})", mixer=mixer,
-                           eval_loss=report[stage]["eval_loss"],
-                           agreement=report.get("agreement_" + stage[:6]))
+            if "convert" in parts:
+                conv = out / f"convert_{mixer}_seed{seed}"
+                _run([py, "-m", "training.convert", f"--config=configs/convert_{mixer}.py",
+                      f"--workdir={conv}", f"--config.convert.teacher={teacher}",
+                      f"--config.train.seed={seed}",
+                      f"--config.convert.stage1_steps={args.stage1_steps}",
+                      f"--config.convert.stage2_steps={args.stage2_steps}",
+                      f"--config.train.eval_batches={args.eval_batches}",
+                      "--config.logging.progress=False", "--config.logging.wandb=disabled",
+                      *args.convert_extra], log)
+                report = json.loads((conv / "report.json").read_text())
+                for stage in ("stage1_eval", "stage2_eval"):
+                    if stage in report:
+                        record(seed=seed, run=f"converted (after {stage[:6]})",
+                               mixer=mixer, eval_loss=report[stage]["eval_loss"],
+                               agreement=report.get("agreement_" + stage[:6]))
             if "scratch" in parts:
-                _scratch(py, args, out, seed, mixer, steps, common, log, record)
+                scratch = out / f"scratch_{mixer}_seed{seed}"
+                _run([py, "train.py", f"--config={args.teacher_config}",
+                      f"--workdir={scratch}", f"--config.train.seed={seed}",
+                      f"--config.model.mixer={mixer}", f"--config.train.steps={steps}",
+                      *common, *args.scratch_extra], log)
+                record(seed=seed, run=f"scratch ({steps} steps)", mixer=mixer,
+                       eval_loss=_final_eval(scratch))
     groups: dict = {}
     for r in rows:
         groups.setdefault((r["mixer"], r["run"]), []).append(r["eval_loss"])

@@ -331,8 +331,9 @@ def _run(config, workdir: pathlib.Path) -> dict:
     # Stage 2 trains on next-token loss as the teacher was trained, with its dropout
     # (model.dropout sets another): without it, fine-tuning a small-data teacher
     # memorises the training text and its validation loss rises.
-    scfg, tune_cfg = (dataclasses.replace(scfg, dtype=dtype, dropout=rate) for rate in
-                      (0.0, overrides.get("dropout", teacher.cfg.dropout)))
+    tune_cfg = dataclasses.replace(scfg, dtype=dtype,
+                                   dropout=overrides.get("dropout", teacher.cfg.dropout))
+    scfg = dataclasses.replace(scfg, dtype=dtype, dropout=0.0)
     stage_cfgs = {1: _stage_config(config, 1, scfg, data),
                   2: _stage_config(config, 2, tune_cfg, data)}
     active = {1: int(c.stage1_steps) > 0,
