@@ -4,15 +4,19 @@
 # checkpointed every 250 steps and stopped 3 evaluations after their best; each teacher is
 # its best checkpoint (as nanoGPT keeps it). Then, all at once, every (seed, mixer)
 # conversion of scripts/convert_compare.py with 10% of the tokens the teacher had seen at
-# that checkpoint, and the same mixer trained from scratch for the same steps.
+# that checkpoint, and (PARTS="convert scratch") the same mixer trained from scratch for the
+# same steps. One process per (part, mixer) runs the seeds one after another, so its
+# second and third seed take their programs from JAX's persistent compilation cache (nine
+# processes compiling at once did not finish in 370 s in session 18).
 # Every process runs without preallocation so they share the GPU. Results:
 # $OUT/convert_results.json (merged every 20 s, so a call cut at its limit still returns
-# what finished), $OUT/convert_log.txt. Env: SEEDS, MIXERS, BUDGET, TEACHER_EXTRA
+# what finished), $OUT/convert_log.txt. Env: SEEDS, MIXERS, PARTS, BUDGET, TEACHER_EXTRA
 # (population overrides of the teachers), CHAIN_EXTRA (convert_compare options).
 #   carry: .whl2 .jobs     run from the repository root
 set -u
 pip install -q --no-index --no-deps --target /tmp/site_ml .whl2/ml_collections*.whl
 export PYTHONPATH=/tmp/site_ml:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1
+export JAX_COMPILATION_CACHE_DIR=/tmp/jax_cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 W=/tmp/cmp; rm -rf "$W"; mkdir -p "$W"
 SEEDS=${SEEDS:-0 1 2}; MIXERS=${MIXERS:-hedgehog based gated_deltanet}
 common="--config.data.files=.jobs/input.txt --config.train.eval_batches=200
@@ -49,13 +53,13 @@ timeout -s TERM $(left) python -m training.population \
 for s in $SEEDS; do ln -s "$(ls -d $W/teachers/lr*_seed$s)" $W/teacher_seed$s; done
 echo "teachers done at $(( $(date +%s) - t0 )) s"; tail -n 5 $W/teachers.log
 pids=()
-for s in $SEEDS; do for m in $MIXERS; do for part in convert scratch; do
+for m in $MIXERS; do for part in ${PARTS:-convert}; do
   timeout -s TERM $(left) python scripts/convert_compare.py --parts=$part \
-    --out=$W/chain_${m}_$s --data=.jobs/input.txt --seeds=$s --mixers=$m \
-    --teacher_dir="$W/teacher_seed{seed}" --results=$W/res_${part}_${m}_$s.json \
-    ${CHAIN_EXTRA:-} > $W/${part}_${m}_$s.log 2>&1 &
+    --out=$W/chain_$m --data=.jobs/input.txt --seeds=$(echo $SEEDS | tr ' ' ,) \
+    --mixers=$m --teacher_dir="$W/teacher_seed{seed}" --results=$W/res_${part}_$m.json \
+    ${CHAIN_EXTRA:-} > $W/${part}_$m.log 2>&1 &
   pids+=($!)
-done; done; done
+done; done
 for p in "${pids[@]}"; do wait $p; echo "chain $p rc $? at $(( $(date +%s) - t0 )) s"; done
 kill $MERGER; merge
 for f in $W/scratch_*.log $W/convert_*.log; do echo "== $f"; grep -v '^\$' $f | tail -4; done > $OUT/convert_log.txt
