@@ -1,8 +1,8 @@
-"""LoLCATs' recipe (Zhang et al. 2024, "LoLCATs"): Hedgehog feature maps trained on the
-output MSE against each frozen softmax layer ("attention transfer"), then LoRA (rank 8)
-on the attention projections. (LoLCATs' layers also add a sliding window inside the
-same normalisation; `configs/convert_based.py` is the nearest here: a window summed
-beside a linear part.)
+"""LoLCATs' recipe (Zhang et al. 2024, "LoLCATs"): every softmax layer becomes its
+hybrid layer (`hedgehog_window`: softmax over the last 64 keys beside Hedgehog linear
+attention, one normaliser), the feature maps and window factors trained on the output
+MSE against each frozen softmax layer ("attention transfer"), then LoRA (rank 8) on the
+attention projections.
 
     python -m training.convert --config=configs/convert_lolcats.py \\
         --workdir=runs/convert_lolcats --config.convert.teacher=runs/shakespeare_gpu
@@ -11,5 +11,5 @@ from configs import convert_hedgehog
 
 
 def get_config(arg=None):
-    return convert_hedgehog.recipe(arg, loss="output_mse", stage2="lora", stage2_lr=1e-3,
-                                   feature_rope=True, hedgehog_map="softmax")
+    return convert_hedgehog.recipe(arg, mixer="hedgehog_window", loss="output_mse",
+                                   stage2="lora", stage2_lr=1e-3, window=64)

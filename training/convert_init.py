@@ -4,8 +4,10 @@ teacher's, and which of them stage 1 trains.
 Every layer whose mixer the conversion changes starts from that softmax layer's
 projections (unrolled names, layer i's under "blocks/{i}/mixer/"):
 
-  linear, performer, hedgehog   q_proj, k_proj, v_proj, o_proj copied (biases too);
-                                grouped-query k, v repeated to every query head
+  linear, performer, hedgehog,  q_proj, k_proj, v_proj, o_proj copied (biases too);
+  hedgehog_window               grouped-query k, v repeated to every query head
+                                (hedgehog_window's window is then the teacher's softmax
+                                over it, exactly, beside the new linear part)
   taylor                        v_proj, o_proj copied; q_proj, k_proj the first
                                 based_feature_dim dims of each head's q, k
   based                         window/* copied (its sliding window is the teacher's
@@ -125,7 +127,8 @@ def mixer_copies(mixer: str, teacher: dict, i: int, tcfg: ModelConfig,
         for leaf, w in parts.items():
             out[f"{dst}/{leaf}"] = w
 
-    if mixer in ("linear", "performer", "hedgehog", "deltanet", "gated_deltanet"):
+    if mixer in ("linear", "performer", "hedgehog", "hedgehog_window", "deltanet",
+                 "gated_deltanet"):
         for p in "qkvo":
             put(f"{pre}{p}_proj", full[p])
     elif mixer in ("taylor", "based"):
@@ -150,7 +153,8 @@ def mixer_copies(mixer: str, teacher: dict, i: int, tcfg: ModelConfig,
         put(f"{pre}out_proj", full["o"])
     else:
         raise ValueError(f"convert.mixer={mixer!r}: conversion knows linear, performer, "
-                         f"hedgehog, taylor, based, deltanet, gated_deltanet, lightning")
+                         f"hedgehog, hedgehog_window, taylor, based, deltanet, "
+                         f"gated_deltanet, lightning")
     return out, train
 
 

@@ -229,3 +229,30 @@ def lightning(m, x):
         y = sigmoid(xb @ p(m.output_gate.kernel)) * y
         out.append(y @ p(m.out_proj.kernel))
     return np.stack(out)
+
+
+def hedgehog_window(m, x):
+    """LoLCATs' hybrid layer (hybrid_attention_quadratic in HazyResearch/lolcats): for
+    query t, keys t-w < s <= t weighted gamma exp(q.k / sqrt(d) - max over those keys),
+    older keys phi_q(q).phi_k(k), one normaliser; gamma = sigmoid(window factor); RoPE
+    on q and k before both."""
+    h, d, w = m.num_heads, m.head_dim, m.window
+    phi_q = _hedgehog_softmax(p(m.feature_map_q.kernel), p(m.feature_map_q.bias))
+    phi_k = _hedgehog_softmax(p(m.feature_map_k.kernel), p(m.feature_map_k.bias))
+    gamma = sigmoid(p(m.window_factors))
+    out = []
+    for xb in np.asarray(x, np.float64):
+        q = rope(heads(xb @ p(m.q_proj.kernel), h), m.cfg.rope_theta)
+        k = rope(heads(xb @ p(m.k_proj.kernel), h), m.cfg.rope_theta)
+        v = heads(xb @ p(m.v_proj.kernel), h)
+        fq, fk = phi_q(q), phi_k(k)
+        o = np.zeros_like(v)
+        for t in range(len(xb)):
+            lo = max(0, t - w + 1)
+            for i in range(h):
+                s = k[lo:t + 1, i] @ q[t, i] / math.sqrt(d)
+                a_sm = gamma[i] * np.exp(s - s.max())
+                a_ln = fk[:lo, i] @ fq[t, i]
+                o[t, i] = (a_sm @ v[lo:t + 1, i] + a_ln @ v[:lo, i]) / (a_sm.sum() + a_ln.sum())
+        out.append(o.reshape(len(xb), -1) @ p(m.o_proj.kernel))
+    return np.stack(out)

@@ -30,6 +30,7 @@ def _hand_flops(name, cfg, t):
         "hedgehog": 4 * H * (2 * D) * D,
         "taylor": 4 * H * taylor * D,
         "based": 4 * H * taylor * D + 4 * w * H * D,
+        "hedgehog_window": 4 * H * (2 * D) * D + 4 * w * H * D,  # hedgehog's + the window's
         "base_conv": 0,                   # its conv and projection are weights, counted there
         "gated_conv": 0,
         "gated_deltanet": 4 * H * D * D,

@@ -29,7 +29,7 @@ def test_register_refuses_an_incomplete_or_foreign_class():
 def test_constants_and_groups_name_the_registry():
     constants = ("SOFTMAX", "SLIDING_WINDOW", "LINEAR", "PERFORMER", "HEDGEHOG", "TAYLOR",
                  "BASED", "GATED_DELTANET", "DELTANET", "LIGHTNING", "BASE_CONV",
-                 "GATED_CONV")
+                 "GATED_CONV", "HEDGEHOG_WINDOW")
     names = {getattr(mixers, c) for c in constants}
     assert names == set(mixers.MIXERS) == set(mixers.ALL) | set(mixers.PARTS)
     assert mixers.PARTS == (mixers.BASE_CONV, mixers.GATED_CONV)

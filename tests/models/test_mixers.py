@@ -33,7 +33,7 @@ def inputs(cfg, batch=B, seq=T, seed=1):
 def test_registry_has_every_mixer():
     assert set(MIXERS) == {"softmax", "sliding_window", "linear", "performer", "hedgehog",
                            "taylor", "based", "gated_deltanet", "deltanet", "lightning",
-                           "base_conv", "gated_conv"}
+                           "base_conv", "gated_conv", "hedgehog_window"}
 
 
 @pytest.mark.parametrize("name", ALL)
@@ -137,6 +137,8 @@ def _hand_state_size(name, cfg):
         "linear": h * (d * d + d),                  # S (F x Dv) and z (F), F = d
         "performer": h * (m * d + m + 1),           # + the keys' running max c
         "hedgehog": h * (2 * d * d + 2 * d),
+        # the window's keys and values (every query head's), then hedgehog's S and z
+        "hedgehog_window": w * 2 * h * d + h * (2 * d * d + 2 * d),
         "taylor": h * (taylor_f * d + taylor_f),
         "based": h * (taylor_f * d + taylor_f) + w * 2 * kv * d,
         "base_conv": (cfg.base_conv_size - 1) * cfg.d_model,  # the conv's last inputs
@@ -200,6 +202,7 @@ def test_parameter_names_for_optimizer_masks():
     ("sliding_window", reference.window_softmax),
     ("lightning", reference.lightning),
     ("hedgehog", reference.hedgehog),
+    ("hedgehog_window", reference.hedgehog_window),
     ("performer", reference.performer),
     ("deltanet", reference.deltanet),
     ("softmax", reference.window_softmax),
@@ -208,10 +211,13 @@ def test_layer_matches_float64_reference(name, ref):
     """The whole layer (projections, conv, gates, norms, op) against NumPy loops."""
     cfg, f = build(name)
     x = inputs(cfg, seed=4)
-    if name == "hedgehog":  # move W, b off their init so the test sees them used
-        f = Functional(get_mixer(name)(cfg, rngs=nnx.Rngs(0)))
-        for i, w in enumerate([f.module.feature_map_q.kernel, f.module.feature_map_k.kernel,
-                               f.module.feature_map_q.bias, f.module.feature_map_k.bias]):
+    if name in ("hedgehog", "hedgehog_window"):  # move W, b (and the window factors)
+        f = Functional(get_mixer(name)(cfg, rngs=nnx.Rngs(0)))  # off their init
+        moved = [f.module.feature_map_q.kernel, f.module.feature_map_k.kernel,
+                 f.module.feature_map_q.bias, f.module.feature_map_k.bias]
+        if name == "hedgehog_window":
+            moved.append(f.module.window_factors)
+        for i, w in enumerate(moved):
             w[...] = w[...] + 0.3 * jax.random.normal(jax.random.key(5 + i), w[...].shape)
         f = Functional(f.module)
     np.testing.assert_allclose(f(x), ref(f.module, x), rtol=2e-4, atol=2e-5)

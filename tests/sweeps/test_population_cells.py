@@ -111,13 +111,14 @@ def test_cells_shards_and_groups(tmp_path):
     cfg = load_compare_config("compare_mqar_zoology", "paper")
     full = grid.expand_grid(cfg)
     cells = populations.cells(full, cfg)
-    assert len(full) == 360 and len(cells) == 30       # 10 mixers x 3 widths
+    assert len(full) == 396 and len(cells) == 33       # 11 mixers x 3 widths
     assert all(len(c["runs"]) == 12 for c in cells)    # 4 lrs x 3 seeds
     assert cells[0]["name"] == "T256_kv16__softmax__d64"
     assert "train.lr" not in cells[0]["overrides"]
     # shards split cells, never a cell's runs
     a, b = (populations.select(full, cfg, shard=s) for s in ("0/2", "1/2"))
-    assert len(a) == len(b) == 180 and not {r["name"] for r in a} & {r["name"] for r in b}
+    assert (len(a), len(b)) == (17 * 12, 16 * 12)      # 33 cells, whole
+    assert not {r["name"] for r in a} & {r["name"] for r in b}
     assert {populations.cell_name(r) for r in a}.isdisjoint(
         {populations.cell_name(r) for r in b})
     # members standing at different saved steps train as separate populations, largest

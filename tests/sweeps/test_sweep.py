@@ -127,7 +127,7 @@ def test_grid_expansion_of_the_full_configs():
     from sweeps import grid
 
     mq = grid.expand_grid(load_compare_config("compare_mqar"))
-    assert len(mq) == 4 * 10 * 3 * 4  # settings x mixers x widths x lrs
+    assert len(mq) == 4 * 11 * 3 * 4  # settings x mixers x widths x lrs
     r = next(r for r in mq if r["name"] == "T512_kv64__gated_deltanet__d256__lr0.01__s0")
     assert r["overrides"]["data.seq_len"] == 512
     assert r["overrides"]["data.num_kv_pairs"] == 64

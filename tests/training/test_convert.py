@@ -172,6 +172,23 @@ def test_based_student_starts_as_the_teacher(family):
     assert trainable and all("/mixer/linear/" in n for n in trainable)
 
 
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
+def test_hedgehog_window_student_starts_as_the_teacher(family):
+    """LoLCATs' layer with the teacher's q/k/v/o: while its window covers the input no
+    key reaches the linear part and the window factor cancels, so it is the teacher
+    exactly (RoPE, biases and grouped-query heads included); stage 1 trains the feature
+    maps and the window factors."""
+    teacher, student, _, trainable, _ = _student(family, "hedgehog_window", {"window": 64})
+    ids = np.load(FIXTURES / family / "input_ids.npy")
+    assert ids.shape[1] <= 64
+    run = nnx.jit(lambda m, x: m(x))
+    with jax.default_matmul_precision("highest"):
+        ours, theirs = np.asarray(run(student, ids)), np.asarray(run(teacher, ids))
+    assert np.abs(ours - theirs).max() <= 1e-5 * np.abs(theirs).max()
+    assert {n.split("/")[3] for n in trainable} == {"feature_map_q", "feature_map_k",
+                                                    "window_factors"}
+
+
 def test_grouped_query_heads_and_kept_layers():
     """llama's fixture (2 query heads, 1 kv head): hedgehog's k, v heads are the kv head
     repeated; lightning's qkv_proj is [q | k | v]; layers="mixer,keep" keeps layer 1."""

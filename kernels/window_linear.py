@@ -1,0 +1,161 @@
+"""LoLCATs' hybrid attention (Zhang et al. 2024, "LoLCATs", `hybrid_attention_quadratic`
+in HazyResearch/lolcats' linear_window_attention_sw.py): exact softmax over the last
+`window` keys and linear attention over every older key, under one normaliser,
+
+    y_t = (sum_{s in W(t)} a_ts v_s + sum_{s <= t - w} phi(q_t).phi(k_s) v_s)
+          / (sum_{s in W(t)} a_ts   + sum_{s <= t - w} phi(q_t).phi(k_s)),
+    a_ts = gamma exp(q_t.k_s / sqrt(D) - m_t),  W(t) = {s : 0 <= t - s < w},
+
+m_t the largest window score of row t and gamma in (0, 1) a learned factor per head
+(sigmoid of `window_factors`; LoLCATs' linear factor is 1). The max stays in the formula,
+as in the reference, so the balance between the two parts depends on it. Keys of another
+segment (packed documents) take part in neither sum. With w >= T there are no linear
+terms and y is softmax attention (gamma cancels), so a layer converted from a softmax
+layer starts as that layer over its window.
+
+Three exact forms, each q, k (B, T, H, D), phi(q), phi(k) (B, T, H, F), v (B, T, H, Dv):
+  quadratic   the reference: masked (T, T) weights;
+  blocked     the window from (w, 2w) blocks of scores, the linear part as causal linear
+              attention (kernels.ops.linear_attention, so its chunk form or Pallas
+              kernel) over keys and values delayed by w;
+  step        one token from a state of the last w keys and values and the linear state
+              of the keys older than them (the decode form).
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from kernels import ops
+
+_NEG = -1e30  # below any score; exp() of it relative to a real max is 0
+
+
+def _segments(segment_ids, b: int, t: int):
+    if segment_ids is None:
+        return jnp.zeros((b, t), jnp.int32)
+    return jnp.asarray(segment_ids, jnp.int32)
+
+
+def hybrid_quadratic(q, k, fq, fk, v, gamma, *, window: int, segment_ids=None):
+    """The reference form; gamma (H,) the window factor in (0, 1). Float32 inside."""
+    b, t, _, d = q.shape
+    f32 = jnp.float32
+    scores = jnp.einsum("bthd,bshd->bhts", q.astype(f32), k.astype(f32)) * d ** -0.5
+    seg = _segments(segment_ids, b, t)
+    lag = jnp.arange(t)[:, None] - jnp.arange(t)[None, :]
+    same = (seg[:, :, None] == seg[:, None, :])[:, None]          # (B, 1, T, S)
+    in_window = same & (lag >= 0) & (lag < window)
+    in_linear = same & (lag >= window)
+    masked = jnp.where(in_window, scores, _NEG)
+    m = jnp.max(masked, axis=-1, keepdims=True)  # finite: every row holds its own key
+    a_sm = jnp.where(in_window, gamma.astype(f32)[:, None, None] * jnp.exp(masked - m), 0.0)
+    a_ln = jnp.where(in_linear, jnp.einsum("bthf,bshf->bhts", fq.astype(f32),
+                                           fk.astype(f32)), 0.0)
+    a = a_sm + a_ln
+    y = jnp.einsum("bhts,bshd->bthd", a, v.astype(f32))
+    return (y / jnp.moveaxis(a.sum(-1), 1, 2)[..., None]).astype(v.dtype)
+
+
+def _window_terms(q, k, v, gamma, window: int, seg):
+    """The window part from blocks: (numerator (B, T, H, Dv), denominator (B, T, H)),
+    float32. Query block n sees key blocks n - 1 and n (2w keys)."""
+    b, t, h, d = q.shape
+    w = window
+    n = -(-t // w)
+    pad = n * w - t
+    f32 = jnp.float32
+
+    def blocks(x, fill=0):  # (B, T, ...) -> (B, N, w, ...), the tail padded
+        x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2), constant_values=fill)
+        return x.reshape(b, n, w, *x.shape[2:])
+
+    def with_previous(x, fill=0):  # (B, N, w, ...) -> (B, N, 2w, ...)
+        prev = jnp.pad(x[:, :-1], [(0, 0), (1, 0)] + [(0, 0)] * (x.ndim - 2),
+                       constant_values=fill)
+        return jnp.concatenate([prev, x], axis=2)
+
+    qb = blocks(q.astype(f32))
+    kb, vb = with_previous(blocks(k.astype(f32))), with_previous(blocks(v.astype(f32)))
+    sq = blocks(seg, -1)
+    sk = with_previous(sq, -2)  # the padding before the first block matches nothing
+    scores = jnp.einsum("bnihd,bnjhd->bnhij", qb, kb) * d ** -0.5
+    lag = w + jnp.arange(w)[:, None] - jnp.arange(2 * w)[None, :]   # (w, 2w): i - (j - w)
+    keep = (lag >= 0) & (lag < w) & (sq[:, :, :, None] == sk[:, :, None, :])
+    keep = keep[:, :, None]                                         # (B, N, 1, w, 2w)
+    masked = jnp.where(keep, scores, _NEG)
+    m = jnp.max(masked, axis=-1, keepdims=True)
+    a = jnp.where(keep, gamma.astype(f32)[:, None, None] * jnp.exp(masked - m), 0.0)
+    num = jnp.einsum("bnhij,bnjhd->bnihd", a, vb).reshape(b, n * w, h, -1)[:, :t]
+    den = jnp.moveaxis(a.sum(-1), 2, 3).reshape(b, n * w, h)[:, :t]
+    return num, den
+
+
+def _delayed(x, w: int):
+    """x (B, T, ...) delayed by w positions along T (zeros first)."""
+    t = x.shape[1]
+    return jnp.pad(x, [(0, 0), (w, 0)] + [(0, 0)] * (x.ndim - 2))[:, :t]
+
+
+def hybrid_blocked(q, k, fq, fk, v, gamma, *, window: int, segment_ids=None,
+                   impl="auto", chunk_size: int = 64):
+    """The same function as hybrid_quadratic in O(T (w + F Dv)): impl and chunk_size go to
+    kernels.ops.linear_attention for the linear part."""
+    b, t, h, dv = v.shape
+    w = window
+    seg = _segments(segment_ids, b, t)
+    num_w, den_w = _window_terms(q, k, v, gamma, w, seg)
+    # The linear part: query t against keys s <= t - w of its own segment, i.e. causal
+    # linear attention over the keys delayed by w, a delayed key kept only where it is of
+    # the same segment as the position it now sits at (segments being contiguous, the
+    # queries that reach it are then exactly those of its own segment). The values carry
+    # a column of ones, whose output is the normaliser.
+    kept = (_delayed(seg + 1, w) == seg + 1)[..., None, None]
+    fk_late = jnp.where(kept, _delayed(fk, w), 0).astype(fq.dtype)
+    ones = jnp.ones((b, t, h, 1), v.dtype)
+    v_late = jnp.where(kept, _delayed(jnp.concatenate([v, ones], -1), w), 0).astype(v.dtype)
+    lin = ops.linear_attention(fq, fk_late, v_late, normalize=False,
+                               segment_ids=segment_ids, impl=impl,
+                               chunk_size=chunk_size).astype(jnp.float32)
+    y = (num_w + lin[..., :dv]) / (den_w + lin[..., dv])[..., None]
+    return y.astype(v.dtype)
+
+
+def init_state(batch: int, heads: int, head_dim: int, value_dim: int, features: int,
+               window: int, dtype):
+    """The decode state: the last `window` keys and values in slots pos % window, the
+    linear state S (B, H, F, Dv) and normaliser z (B, H, F) of every older key, pos."""
+    return {"k": jnp.zeros((batch, window, heads, head_dim), dtype),
+            "v": jnp.zeros((batch, window, heads, value_dim), dtype),
+            "s": jnp.zeros((batch, heads, features, value_dim), jnp.float32),
+            "z": jnp.zeros((batch, heads, features), jnp.float32),
+            "pos": jnp.zeros((), jnp.int32)}
+
+
+def hybrid_step(q, k, fq, v, gamma, state, feature_map_k):
+    """One token: q, k (B, H, D), fq (B, H, F), v (B, H, Dv) at position state["pos"] ->
+    (y (B, H, Dv), next state). The key leaving the window (position pos - w, in the slot
+    the new key takes) joins the linear state through feature_map_k ((B, H, D) ->
+    (B, H, F))."""
+    w = state["k"].shape[1]
+    pos = state["pos"]
+    slot = pos % w
+    f32 = jnp.float32
+    old_k = jax.lax.dynamic_index_in_dim(state["k"], slot, 1, keepdims=False)
+    old_v = jax.lax.dynamic_index_in_dim(state["v"], slot, 1, keepdims=False)
+    leaving = (pos >= w).astype(f32)
+    f_old = feature_map_k(old_k).astype(f32) * leaving
+    s = state["s"] + jnp.einsum("bhf,bhd->bhfd", f_old, old_v.astype(f32))
+    z = state["z"] + f_old
+    kc = jax.lax.dynamic_update_index_in_dim(state["k"], k.astype(state["k"].dtype), slot, 1)
+    vc = jax.lax.dynamic_update_index_in_dim(state["v"], v.astype(state["v"].dtype), slot, 1)
+    filled = jnp.arange(w) <= pos                                     # slots holding a key
+    scores = jnp.einsum("bhd,bjhd->bhj", q.astype(f32), kc.astype(f32)) * q.shape[-1] ** -0.5
+    masked = jnp.where(filled, scores, _NEG)
+    m = jnp.max(masked, axis=-1, keepdims=True)
+    a = jnp.where(filled, gamma.astype(f32)[:, None] * jnp.exp(masked - m), 0.0)
+    fq = fq.astype(f32)
+    num = jnp.einsum("bhj,bjhd->bhd", a, vc.astype(f32)) + jnp.einsum("bhf,bhfd->bhd", fq, s)
+    den = a.sum(-1) + jnp.einsum("bhf,bhf->bh", fq, z)
+    y = (num / den[..., None]).astype(v.dtype)
+    return y, {"k": kc, "v": vc, "s": s, "z": z, "pos": pos + 1}
