@@ -62,5 +62,6 @@ for m in $MIXERS; do for part in ${PARTS:-convert}; do
 done; done
 for p in "${pids[@]}"; do wait $p; echo "chain $p rc $? at $(( $(date +%s) - t0 )) s"; done
 kill $MERGER; merge
+shopt -s nullglob  # a part not run has no logs
 for f in $W/scratch_*.log $W/convert_*.log; do echo "== $f"; grep -v '^\$' $f | tail -4; done > $OUT/convert_log.txt
 cat $OUT/convert_log.txt | cut -c1-300
