@@ -17,7 +17,10 @@ Three exact forms, each q, k (B, T, H, D), phi(q), phi(k) (B, T, H, F), v (B, T,
   quadratic   the reference: masked (T, T) weights;
   blocked     the window from (w, 2w) blocks of scores, the linear part as causal linear
               attention (kernels.ops.linear_attention, so its chunk form or Pallas
-              kernel) over keys and values delayed by w;
+              kernel) over keys and values delayed by w; under a `sequence` mesh the
+              linear part runs split (kernels.context_parallel.linear_attention), the
+              window blocks and the delay are left to XLA's partitioner (exact; no
+              hand-written halo exchange yet);
   step        one token from a state of the last w keys and values and the linear state
               of the keys older than them (the decode form).
 """
@@ -26,7 +29,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from kernels import ops
+from kernels import context_parallel
 
 _NEG = -1e30  # below any score; exp() of it relative to a real max is 0
 
@@ -37,8 +40,9 @@ def _segments(segment_ids, b: int, t: int):
     return jnp.asarray(segment_ids, jnp.int32)
 
 
-def hybrid_quadratic(q, k, fq, fk, v, gamma, *, window: int, segment_ids=None):
-    """The reference form; gamma (H,) the window factor in (0, 1). Float32 inside."""
+def hybrid_weights(q, k, fq, fk, gamma, *, window: int, segment_ids=None):
+    """The reference's attention weights (B, H, T, S) float32: the window's and the linear
+    part's terms of each query over their common normaliser (rows sum to 1)."""
     b, t, _, d = q.shape
     f32 = jnp.float32
     scores = jnp.einsum("bthd,bshd->bhts", q.astype(f32), k.astype(f32)) * d ** -0.5
@@ -53,8 +57,13 @@ def hybrid_quadratic(q, k, fq, fk, v, gamma, *, window: int, segment_ids=None):
     a_ln = jnp.where(in_linear, jnp.einsum("bthf,bshf->bhts", fq.astype(f32),
                                            fk.astype(f32)), 0.0)
     a = a_sm + a_ln
-    y = jnp.einsum("bhts,bshd->bthd", a, v.astype(f32))
-    return (y / jnp.moveaxis(a.sum(-1), 1, 2)[..., None]).astype(v.dtype)
+    return a / a.sum(-1, keepdims=True)
+
+
+def hybrid_quadratic(q, k, fq, fk, v, gamma, *, window: int, segment_ids=None):
+    """The reference form; gamma (H,) the window factor in (0, 1). Float32 inside."""
+    a = hybrid_weights(q, k, fq, fk, gamma, window=window, segment_ids=segment_ids)
+    return jnp.einsum("bhts,bshd->bthd", a, v.astype(jnp.float32)).astype(v.dtype)
 
 
 def _window_terms(q, k, v, gamma, window: int, seg):
@@ -100,7 +109,7 @@ def _delayed(x, w: int):
 def hybrid_blocked(q, k, fq, fk, v, gamma, *, window: int, segment_ids=None,
                    impl="auto", chunk_size: int = 64):
     """The same function as hybrid_quadratic in O(T (w + F Dv)): impl and chunk_size go to
-    kernels.ops.linear_attention for the linear part."""
+    the linear attention of the linear part."""
     b, t, h, dv = v.shape
     w = window
     seg = _segments(segment_ids, b, t)
@@ -114,9 +123,9 @@ def hybrid_blocked(q, k, fq, fk, v, gamma, *, window: int, segment_ids=None,
     fk_late = jnp.where(kept, _delayed(fk, w), 0).astype(fq.dtype)
     ones = jnp.ones((b, t, h, 1), v.dtype)
     v_late = jnp.where(kept, _delayed(jnp.concatenate([v, ones], -1), w), 0).astype(v.dtype)
-    lin = ops.linear_attention(fq, fk_late, v_late, normalize=False,
-                               segment_ids=segment_ids, impl=impl,
-                               chunk_size=chunk_size).astype(jnp.float32)
+    lin = context_parallel.linear_attention(fq, fk_late, v_late, normalize=False,
+                                            segment_ids=segment_ids, impl=impl,
+                                            chunk_size=chunk_size).astype(jnp.float32)
     y = (num_w + lin[..., :dv]) / (den_w + lin[..., dv])[..., None]
     return y.astype(v.dtype)
 

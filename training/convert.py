@@ -59,6 +59,7 @@ def check_convert(config) -> None:
     """The convert section's values, named, before anything is loaded."""
     from models.mixers import get_mixer
     from models.mixers.feature_attention import FeatureMapAttention
+    from models.mixers.lolcats import HedgehogWindowAttention
     c = config.convert
     if not c.get("teacher"):
         raise ConvertError("convert.teacher is required: a train.py workdir (with "
@@ -72,11 +73,12 @@ def check_convert(config) -> None:
         raise ConvertError(f"convert.mixer: {e}") from None
     if c.loss == "attention_ce":
         identity = c.mixer == "linear" and config.model.get("feature_map") == "identity"
-        if not issubclass(cls, FeatureMapAttention) or identity:
+        weighted = issubclass(cls, (FeatureMapAttention, HedgehogWindowAttention))
+        if not weighted or identity:
             raise ConvertError(
                 f"convert.loss=attention_ce needs normalised feature-map attention "
-                f"(hedgehog, linear, performer, taylor); {c.mixer!r} has no attention "
-                f"weights to compare: use convert.loss=output_mse")
+                f"(hedgehog, hedgehog_window, linear, performer, taylor); {c.mixer!r} has "
+                f"no attention weights to compare: use convert.loss=output_mse")
     if c.stage2 not in STAGE2:
         raise ConvertError(f"convert.stage2={c.stage2!r}: use one of {STAGE2}")
     for key in ("stage1_steps", "stage2_steps", "lora_rank", "report_batches"):

@@ -11,7 +11,8 @@ convert.loss):
                 attention weights A_t and the linear attention's weights
                 A_s[t, s] = phi(q_t) . phi(k_s) / sum_s' phi(q_t) . phi(k_s'), mean over
                 heads and query tokens, summed over layers. Defined for the normalised
-                feature-map mixers (hedgehog, linear but identity, performer, taylor).
+                feature-map mixers (hedgehog, linear but identity, performer, taylor)
+                and LoLCATs' hedgehog_window (its window and linear weights together).
   output_mse    LoLCATs (Zhang et al. 2024): the mean squared error between the two
                 layers' outputs (after the output projection), summed over layers. Any
                 mixer.
@@ -30,6 +31,7 @@ from models.layers import segment_positions
 from models.mixers.attention import SlidingWindowAttention, _Attention
 from models.mixers.feature_attention import FeatureMapAttention
 from models.mixers.linear import Hedgehog, Performer
+from models.mixers.lolcats import HedgehogWindowAttention
 
 LOSSES = ("attention_ce", "output_mse")
 _HI = jax.lax.Precision.HIGHEST
@@ -67,8 +69,9 @@ def teacher_attention(mixer: _Attention, h, segment_ids=None):
 
 def has_attention_weights(mixer) -> bool:
     """Whether a mixer's attention is a normalised feature-map kernel (attention_ce and
-    the attention agreement are defined for it)."""
-    return isinstance(mixer, FeatureMapAttention) and mixer.normalize
+    the attention agreement are defined for it), or LoLCATs' layer."""
+    return ((isinstance(mixer, FeatureMapAttention) and mixer.normalize)
+            or isinstance(mixer, HedgehogWindowAttention))
 
 
 def student_attention(mixer, h, segment_ids=None):
@@ -79,6 +82,8 @@ def student_attention(mixer, h, segment_ids=None):
     if not has_attention_weights(mixer):
         raise ValueError(f"mixer {mixer.name!r} has no normalised feature-map attention; "
                          f"use convert.loss=output_mse")
+    if isinstance(mixer, HedgehogWindowAttention):
+        return mixer.attention_weights(h, segment_ids)
     t = h.shape[1]
     inputs, _ = mixer._inputs(h, segment_ids=segment_ids, conv_state=None)
     exp_form = isinstance(mixer, Performer) or (isinstance(mixer, Hedgehog)

@@ -11,7 +11,8 @@ The formula and its three forms: kernels.window_linear.
 cfg.impl "parallel" runs the quadratic reference form; any other value the blocked form,
 whose linear part goes to kernels.ops.linear_attention with that impl. Decoding keeps the
 last cfg.window keys and values and the linear state of the older keys: a fixed-size
-state. Not yet split over a `sequence` mesh (context parallelism).
+state. Under a `sequence` mesh (context parallelism) the linear part runs split; see
+kernels.window_linear.
 """
 from __future__ import annotations
 
@@ -62,10 +63,23 @@ class HedgehogWindowAttention(Mixer):
         b, t = o.shape[:2]
         return self.o_proj(o.reshape(b, t, -1))
 
-    def __call__(self, x, *, segment_ids=None):
+    def inputs(self, x, segment_ids=None):
+        """q, k (rotated), phi(q), phi(k), v of x (B, T, d_model), each (B, T, H, .)."""
         q, k, v = self._qkv(x, segment_positions(segment_ids, x.shape[1]))
         fq = self.feature_map_q(q).astype(v.dtype)
         fk = self.feature_map_k(k).astype(v.dtype)
+        return q, k, fq, fk, v
+
+    def attention_weights(self, x, segment_ids=None):
+        """(B, H, T, T) float32: each query's weights over the keys (rows sum to 1), the
+        window's and the linear part's together (training.convert_loss compares them
+        with the softmax layer's)."""
+        q, k, fq, fk, _ = self.inputs(x, segment_ids)
+        return window_linear.hybrid_weights(q, k, fq, fk, self._gamma(), window=self.window,
+                                            segment_ids=segment_ids)
+
+    def __call__(self, x, *, segment_ids=None):
+        q, k, fq, fk, v = self.inputs(x, segment_ids)
         if self.cfg.impl == "parallel":
             o = window_linear.hybrid_quadratic(q, k, fq, fk, v, self._gamma(),
                                                window=self.window, segment_ids=segment_ids)

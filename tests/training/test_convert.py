@@ -231,6 +231,27 @@ def test_attention_weights_reproduce_their_layers():
     np.testing.assert_allclose(np.asarray(a_s).sum(-1), 1.0, atol=1e-5)
 
 
+def test_hedgehog_window_weights_reproduce_its_layer():
+    """LoLCATs' layer: the weights convert_loss compares (window and linear terms over one
+    normaliser) give its output through o_proj; with the window covering the input they
+    are the teacher's softmax weights."""
+    ids = np.load(FIXTURES / "llama" / "input_ids.npy")
+    for window in (4, 64):
+        teacher, student, *_ = _student("llama", "hedgehog_window", {"window": window})
+        with jax.default_matmul_precision("highest"):
+            (_, h, tm, sm), = convert_loss.converted_layers(teacher, student, ids, None, [0])
+            a_s = np.asarray(convert_loss.student_attention(sm, h))
+            v = np.asarray(sm.v_proj(h)).reshape(h.shape[:2] + (-1, sm.head_dim))
+            o = np.einsum("bhts,bshd->bthd", a_s, v)
+            again = np.asarray(sm.o_proj(o.reshape(o.shape[:2] + (-1,))))
+            y = np.asarray(sm(h))
+            assert np.abs(again - y).max() <= 1e-5 * np.abs(y).max()
+            np.testing.assert_allclose(a_s.sum(-1), 1.0, atol=1e-5)
+            if window == 64:
+                a_t = np.asarray(convert_loss.teacher_attention(tm, h)[1])
+                np.testing.assert_allclose(a_s, a_t, atol=1e-5)
+
+
 def test_bad_settings_are_named(tmp_path):
     c = config_tools.load_config_file("configs/convert_gated_deltanet.py")
     with pytest.raises(config_tools.ConfigError, match="convert.teacher is required"):
