@@ -106,6 +106,20 @@ def _delayed(x, w: int):
     return jnp.pad(x, [(0, 0), (w, 0)] + [(0, 0)] * (x.ndim - 2))[:, :t]
 
 
+def _segment_cumsum(x, seg):
+    """x (B, T, ...) summed along T, restarting where seg (B, T) changes: a segmented
+    associative scan, so no prefix is subtracted (no cancellation in long packed rows)."""
+    starts = jnp.concatenate([jnp.ones_like(seg[:, :1], bool), seg[:, 1:] != seg[:, :-1]], 1)
+    starts = jnp.broadcast_to(starts.reshape(starts.shape + (1,) * (x.ndim - 2)), x.shape)
+
+    def combine(left, right):
+        left_start, left_sum = left
+        right_start, right_sum = right
+        return left_start | right_start, jnp.where(right_start, right_sum, left_sum + right_sum)
+
+    return jax.lax.associative_scan(combine, (starts, x), axis=1)[1]
+
+
 def hybrid_blocked(q, k, fq, fk, v, gamma, *, window: int, segment_ids=None,
                    impl="auto", chunk_size: int = 64):
     """The same function as hybrid_quadratic in O(T (w + F Dv)): impl and chunk_size go to
@@ -117,16 +131,19 @@ def hybrid_blocked(q, k, fq, fk, v, gamma, *, window: int, segment_ids=None,
     # The linear part: query t against keys s <= t - w of its own segment, i.e. causal
     # linear attention over the keys delayed by w, a delayed key kept only where it is of
     # the same segment as the position it now sits at (segments being contiguous, the
-    # queries that reach it are then exactly those of its own segment). The values carry
-    # a column of ones, whose output is the normaliser.
+    # queries that reach it are then exactly those of its own segment). Its normaliser,
+    # phi(q_t) . (the kept delayed keys summed over t's segment so far), comes from a
+    # segmented cumulative sum, so the kernel keeps the head's Dv value columns (a
+    # column of ones would be padded to the next power of two).
     kept = (_delayed(seg + 1, w) == seg + 1)[..., None, None]
     fk_late = jnp.where(kept, _delayed(fk, w), 0).astype(fq.dtype)
-    ones = jnp.ones((b, t, h, 1), v.dtype)
-    v_late = jnp.where(kept, _delayed(jnp.concatenate([v, ones], -1), w), 0).astype(v.dtype)
-    lin = context_parallel.linear_attention(fq, fk_late, v_late, normalize=False,
-                                            segment_ids=segment_ids, impl=impl,
-                                            chunk_size=chunk_size).astype(jnp.float32)
-    y = (num_w + lin[..., :dv]) / (den_w + lin[..., dv])[..., None]
+    v_late = jnp.where(kept, _delayed(v, w), 0).astype(v.dtype)
+    num_l = context_parallel.linear_attention(fq, fk_late, v_late, normalize=False,
+                                              segment_ids=segment_ids, impl=impl,
+                                              chunk_size=chunk_size).astype(jnp.float32)
+    keys_so_far = _segment_cumsum(fk_late.astype(jnp.float32), seg)
+    den_l = jnp.einsum("bthf,bthf->bth", fq.astype(jnp.float32), keys_so_far)
+    y = (num_w + num_l) / (den_w + den_l)[..., None]
     return y.astype(v.dtype)
 
 
