@@ -9,9 +9,10 @@ in HazyResearch/lolcats' linear_window_attention_sw.py): exact softmax over the 
 m_t the largest window score of row t and gamma in (0, 1) a learned factor per head
 (sigmoid of `window_factors`; LoLCATs' linear factor is 1). The max stays in the formula,
 as in the reference, so the balance between the two parts depends on it. Keys of another
-segment (packed documents) take part in neither sum. With w >= T there are no linear
-terms and y is softmax attention (gamma cancels), so a layer converted from a softmax
-layer starts as that layer over its window.
+packed document (a run of equal segment ids, as kernels.common.run_ids counts them, the
+linear kernels' rule) take part in neither sum. With w >= T there are no linear terms
+and y is softmax attention (gamma cancels), so a layer converted from a softmax layer
+starts as that layer over its window.
 
 Three exact forms, each q, k (B, T, H, D), phi(q), phi(k) (B, T, H, F), v (B, T, H, Dv):
   quadratic   the reference: masked (T, T) weights;
@@ -30,14 +31,16 @@ import jax
 import jax.numpy as jnp
 
 from kernels import context_parallel
+from kernels.common import masked_exp, run_ids
 
-_NEG = -1e30  # below any score; exp() of it relative to a real max is 0
+_NEG = -1e30  # below any score: the max of a row that holds a kept key is that key's
 
 
-def _segments(segment_ids, b: int, t: int):
-    if segment_ids is None:
-        return jnp.zeros((b, t), jnp.int32)
-    return jnp.asarray(segment_ids, jnp.int32)
+def _window_weights(scores, keep, gamma):
+    """gamma exp(score - the row's largest kept score) on the kept keys, 0 elsewhere
+    (gamma broadcast against scores by the caller)."""
+    m = jnp.max(jnp.where(keep, scores, _NEG), axis=-1, keepdims=True)
+    return gamma * masked_exp(keep, scores - m)
 
 
 def hybrid_weights(q, k, fq, fk, gamma, *, window: int, segment_ids=None):
@@ -46,14 +49,13 @@ def hybrid_weights(q, k, fq, fk, gamma, *, window: int, segment_ids=None):
     b, t, _, d = q.shape
     f32 = jnp.float32
     scores = jnp.einsum("bthd,bshd->bhts", q.astype(f32), k.astype(f32)) * d ** -0.5
-    seg = _segments(segment_ids, b, t)
+    seg = run_ids(segment_ids, b, t)
     lag = jnp.arange(t)[:, None] - jnp.arange(t)[None, :]
     same = (seg[:, :, None] == seg[:, None, :])[:, None]          # (B, 1, T, S)
     in_window = same & (lag >= 0) & (lag < window)
     in_linear = same & (lag >= window)
-    masked = jnp.where(in_window, scores, _NEG)
-    m = jnp.max(masked, axis=-1, keepdims=True)  # finite: every row holds its own key
-    a_sm = jnp.where(in_window, gamma.astype(f32)[:, None, None] * jnp.exp(masked - m), 0.0)
+    # every row holds its own key, so its max is a real score
+    a_sm = _window_weights(scores, in_window, gamma.astype(f32)[:, None, None])
     a_ln = jnp.where(in_linear, jnp.einsum("bthf,bshf->bhts", fq.astype(f32),
                                            fk.astype(f32)), 0.0)
     a = a_sm + a_ln
@@ -92,9 +94,7 @@ def _window_terms(q, k, v, gamma, window: int, seg):
     lag = w + jnp.arange(w)[:, None] - jnp.arange(2 * w)[None, :]   # (w, 2w): i - (j - w)
     keep = (lag >= 0) & (lag < w) & (sq[:, :, :, None] == sk[:, :, None, :])
     keep = keep[:, :, None]                                         # (B, N, 1, w, 2w)
-    masked = jnp.where(keep, scores, _NEG)
-    m = jnp.max(masked, axis=-1, keepdims=True)
-    a = jnp.where(keep, gamma.astype(f32)[:, None, None] * jnp.exp(masked - m), 0.0)
+    a = _window_weights(scores, keep, gamma.astype(f32)[:, None, None])
     num = jnp.einsum("bnhij,bnjhd->bnihd", a, vb).reshape(b, n * w, h, -1)[:, :t]
     den = jnp.moveaxis(a.sum(-1), 2, 3).reshape(b, n * w, h)[:, :t]
     return num, den
@@ -126,13 +126,13 @@ def hybrid_blocked(q, k, fq, fk, v, gamma, *, window: int, segment_ids=None,
     the linear attention of the linear part."""
     b, t, h, dv = v.shape
     w = window
-    seg = _segments(segment_ids, b, t)
+    seg = run_ids(segment_ids, b, t)
     num_w, den_w = _window_terms(q, k, v, gamma, w, seg)
-    # The linear part: query t against keys s <= t - w of its own segment, i.e. causal
-    # linear attention over the keys delayed by w, a delayed key kept only where it is of
-    # the same segment as the position it now sits at (segments being contiguous, the
-    # queries that reach it are then exactly those of its own segment). Its normaliser,
-    # phi(q_t) . (the kept delayed keys summed over t's segment so far), comes from a
+    # The linear part: query t against keys s <= t - w of its own run of equal ids (a
+    # document), i.e. causal linear attention over the keys delayed by w, a delayed key
+    # kept only where it is of the same run as the position it now sits at (runs being
+    # contiguous, the queries that reach it are then exactly those of its run). Its
+    # normaliser, phi(q_t) . (the kept delayed keys summed over t's run so far), comes from a
     # segmented cumulative sum, so the kernel keeps the head's Dv value columns (a
     # column of ones would be padded to the next power of two).
     kept = (_delayed(seg + 1, w) == seg + 1)[..., None, None]
@@ -177,9 +177,7 @@ def hybrid_step(q, k, fq, v, gamma, state, feature_map_k):
     vc = jax.lax.dynamic_update_index_in_dim(state["v"], v.astype(state["v"].dtype), slot, 1)
     filled = jnp.arange(w) <= pos                                     # slots holding a key
     scores = jnp.einsum("bhd,bjhd->bhj", q.astype(f32), kc.astype(f32)) * q.shape[-1] ** -0.5
-    masked = jnp.where(filled, scores, _NEG)
-    m = jnp.max(masked, axis=-1, keepdims=True)
-    a = jnp.where(filled, gamma.astype(f32)[:, None] * jnp.exp(masked - m), 0.0)
+    a = _window_weights(scores, filled, gamma.astype(f32)[:, None])
     fq = fq.astype(f32)
     num = jnp.einsum("bhj,bjhd->bhd", a, vc.astype(f32)) + jnp.einsum("bhf,bhfd->bhd", fq, s)
     den = a.sum(-1) + jnp.einsum("bhf,bhf->bh", fq, z)
