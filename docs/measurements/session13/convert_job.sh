@@ -11,7 +11,9 @@
 # Every process runs without preallocation so they share the GPU. Results:
 # $OUT/convert_results.json (merged every 20 s, so a call cut at its limit still returns
 # what finished), $OUT/convert_log.txt. Env: SEEDS, MIXERS, PARTS, BUDGET, TEACHER_EXTRA
-# (population overrides of the teachers), CHAIN_EXTRA (convert_compare options).
+# (population overrides of the teachers), CHAIN_EXTRA (convert_compare options),
+# TEACHER_CONFIG (default configs/shakespeare_char_gpu.py), DATA (default .jobs/input.txt),
+# EVAL_BATCHES (default 200).
 #   carry: .whl2 .jobs     run from the repository root
 set -u
 pip install -q --no-index --no-deps --target /tmp/site_ml .whl2/ml_collections*.whl
@@ -19,7 +21,9 @@ export PYTHONPATH=/tmp/site_ml:$PWD XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUN
 export JAX_COMPILATION_CACHE_DIR=/tmp/jax_cache JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 W=/tmp/cmp; rm -rf "$W"; mkdir -p "$W"
 SEEDS=${SEEDS:-0 1 2}; MIXERS=${MIXERS:-hedgehog based gated_deltanet}
-common="--config.data.files=.jobs/input.txt --config.train.eval_batches=200
+TEACHER_CONFIG=${TEACHER_CONFIG:-configs/shakespeare_char_gpu.py}
+DATA=${DATA:-.jobs/input.txt}; EVAL_BATCHES=${EVAL_BATCHES:-200}
+common="--config.data.files=$DATA --config.train.eval_batches=$EVAL_BATCHES
   --config.logging.progress=False --config.logging.wandb=disabled"
 merge() {
   python - "$W" "$OUT" <<'PY'
@@ -44,9 +48,9 @@ PY
 ( while sleep 20; do merge; done ) & MERGER=$!
 t0=$(date +%s)
 left() { echo $(( ${BUDGET:-560} - ($(date +%s) - t0) )); }
-lr=$(python -c "from configs.shakespeare_char_gpu import get_config; print(get_config().train.lr)")
+lr=$(python -c "import runpy; print(runpy.run_path('$TEACHER_CONFIG')['get_config']().train.lr)")
 timeout -s TERM $(left) python -m training.population \
-  --config=configs/shakespeare_char_gpu.py --workdir=$W/teachers --lrs=$lr \
+  --config=$TEACHER_CONFIG --workdir=$W/teachers --lrs=$lr \
   --seeds=$(echo $SEEDS | tr ' ' ,) $common --config.train.eval_every=250 \
   --config.train.checkpoint_every=250 --config.train.early_stop_patience=3 \
   ${TEACHER_EXTRA:-} > $W/teachers.log 2>&1
@@ -55,7 +59,8 @@ echo "teachers done at $(( $(date +%s) - t0 )) s"; tail -n 5 $W/teachers.log
 pids=()
 for m in $MIXERS; do for part in ${PARTS:-convert}; do
   timeout -s TERM $(left) python scripts/convert_compare.py --parts=$part \
-    --out=$W/chain_$m --data=.jobs/input.txt --seeds=$(echo $SEEDS | tr ' ' ,) \
+    --out=$W/chain_$m --data=$DATA --teacher_config=$TEACHER_CONFIG \
+    --eval_batches=$EVAL_BATCHES --seeds=$(echo $SEEDS | tr ' ' ,) \
     --mixers=$m --teacher_dir="$W/teacher_seed{seed}" --results=$W/res_${part}_$m.json \
     ${CHAIN_EXTRA:-} > $W/${part}_$m.log 2>&1 &
   pids+=($!)
