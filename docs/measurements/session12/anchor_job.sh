@@ -8,7 +8,7 @@
 # softmax (1 head) / taylor (1 head, feature dim 8) / gated_deltanet (2 heads).
 # OURS (name:heads ...), ZOOLOGY (comma list, or none) and PARALLEL pick other rows
 # (session 17: OURS="gated_deltanet:2 deltanet:2" ZOOLOGY=gated_delta_net,delta_net
-# PARALLEL=6).
+# PARALLEL=6). LRS: a comma list of lrs for both sides (default 2.1544347e-3).
 #   carry: .whl2 .jobs     run from the repository root; results under $OUT
 set -u
 pip install -q --no-index --no-deps --target /tmp/site_ml .whl2/ml_collections*.whl
@@ -17,6 +17,7 @@ W=/tmp/anchor_runs
 rm -rf "$W"; mkdir -p "$W" "$OUT/ours"
 STEPS=${STEPS:-1955}
 BUDGET=${BUDGET:-540}
+LRS=${LRS:-2.1544347e-3}
 for spec in ${OURS:-softmax:1 taylor:1 gated_deltanet:2}; do
   name=${spec%%:*}; heads=${spec##*:}
   # Ours take a fixed share of the GPU at start, before Zoology's processes start (they
@@ -28,7 +29,7 @@ for spec in ${OURS:-softmax:1 taylor:1 gated_deltanet:2}; do
     XLA_PYTHON_CLIENT_PREALLOCATE=true \
     timeout -s TERM "$BUDGET" python -m training.population \
       --config=configs/mqar_zoology_paper.py --workdir="$W/$name" \
-      --lrs=2.1544347e-3 --seeds=0,1,2 --config.model.mixer="$name" \
+      --lrs="$LRS" --seeds=0,1,2 --config.model.mixer="$name" \
       --config.model.num_heads="$heads" --config.train.steps="$STEPS" \
       --config.train.eval_every=0 --config.train.checkpoint_every=0 \
       --config.train.log_every=100 --config.logging.wandb=disabled \
@@ -39,7 +40,7 @@ mkdir -p "$OUT/zoology"
 if [ "${ZOOLOGY:-}" != none ]; then  # ZOOLOGY=none: ours alone
 PYTHONPATH=/tmp/site:.jobs/zoology PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
   python docs/measurements/session12/zoology_anchor.py \
-  --mixers=${ZOOLOGY:-attention,based,gated_delta_net} --seeds=0,1,2 --lrs=2.1544347e-3 \
+  --mixers=${ZOOLOGY:-attention,based,gated_delta_net} --seeds=0,1,2 --lrs=$LRS \
   --steps="$STEPS" --epochs=5 --parallel=${PARALLEL:-9} --budget_s="$BUDGET" --out="$OUT/zoology" \
   > "$OUT/zoology.out" 2>&1 &
 fi
