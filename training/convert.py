@@ -57,9 +57,8 @@ class ConvertError(config_tools.ConfigError):
 # ------------------------------------------------------------------------------ checks
 def check_convert(config) -> None:
     """The convert section's values, named, before anything is loaded."""
+    from models.config import ModelConfig
     from models.mixers import get_mixer
-    from models.mixers.feature_attention import FeatureMapAttention
-    from models.mixers.lolcats import HedgehogWindowAttention
     c = config.convert
     if not c.get("teacher"):
         raise ConvertError("convert.teacher is required: a train.py workdir (with "
@@ -72,9 +71,10 @@ def check_convert(config) -> None:
     except ValueError as e:
         raise ConvertError(f"convert.mixer: {e}") from None
     if c.loss == "attention_ce":
-        identity = c.mixer == "linear" and config.model.get("feature_map") == "identity"
-        weighted = issubclass(cls, (FeatureMapAttention, HedgehogWindowAttention))
-        if not weighted or identity:
+        # the student's settings as far as the config states them (the teacher's fill
+        # in the rest later; none of those decides whether weights exist)
+        student_keys = {k: v for k, v in config.model.items() if v is not None}
+        if not cls.has_attention_weights(ModelConfig(**dict(student_keys, mixer=c.mixer))):
             raise ConvertError(
                 f"convert.loss=attention_ce needs normalised feature-map attention "
                 f"(hedgehog, hedgehog_window, linear, performer, taylor); {c.mixer!r} has "

@@ -10,9 +10,10 @@ convert.loss):
   attention_ce  Hedgehog (Zhang et al. 2024): the cross-entropy between the softmax
                 attention weights A_t and the linear attention's weights
                 A_s[t, s] = phi(q_t) . phi(k_s) / sum_s' phi(q_t) . phi(k_s'), mean over
-                heads and query tokens, summed over layers. Defined for the normalised
-                feature-map mixers (hedgehog, linear but identity, performer, taylor)
-                and LoLCATs' hedgehog_window (its window and linear weights together).
+                heads and query tokens, summed over layers. Defined for the mixers
+                whose Mixer.has_attention_weights holds: the normalised feature-map
+                mixers (hedgehog, linear but identity, performer, taylor) and LoLCATs'
+                hedgehog_window (its window and linear weights together).
   output_mse    LoLCATs (Zhang et al. 2024): the mean squared error between the two
                 layers' outputs (after the output projection), summed over layers. Any
                 mixer.
@@ -29,9 +30,6 @@ import jax.numpy as jnp
 
 from models.layers import segment_positions
 from models.mixers.attention import SlidingWindowAttention, _Attention
-from models.mixers.feature_attention import FeatureMapAttention
-from models.mixers.linear import Hedgehog, Performer
-from models.mixers.lolcats import HedgehogWindowAttention
 
 LOSSES = ("attention_ce", "output_mse")
 _HI = jax.lax.Precision.HIGHEST
@@ -68,38 +66,19 @@ def teacher_attention(mixer: _Attention, h, segment_ids=None):
 
 
 def has_attention_weights(mixer) -> bool:
-    """Whether a mixer's attention is a normalised feature-map kernel (attention_ce and
-    the attention agreement are defined for it), or LoLCATs' layer."""
-    return ((isinstance(mixer, FeatureMapAttention) and mixer.normalize)
-            or isinstance(mixer, HedgehogWindowAttention))
+    """Whether the mixer's attention is a set of normalised weights over the keys
+    (Mixer.has_attention_weights): attention_ce and the attention agreement need them."""
+    return type(mixer).has_attention_weights(mixer.cfg)
 
 
 def student_attention(mixer, h, segment_ids=None):
-    """The attention weights (B, H, T, T) of a normalised feature-map mixer on h:
-    phi(q_t) . phi(k_s), causal, over their row sums. The exponential maps (Hedgehog's
-    exp form, FAVOR+) are exponentiated here with one shift per query and per head's
-    keys (held out of the gradient; they cancel in the normalisation)."""
+    """The converted mixer's attention weights (B, H, T, T) float32 on h
+    (Mixer.attention_weights: a feature-map mixer's phi(q_t) . phi(k_s) over their row
+    sums, LoLCATs' window and linear terms over their one normaliser)."""
     if not has_attention_weights(mixer):
-        raise ValueError(f"mixer {mixer.name!r} has no normalised feature-map attention; "
+        raise ValueError(f"mixer {mixer.name!r} has no normalised attention weights; "
                          f"use convert.loss=output_mse")
-    if isinstance(mixer, HedgehogWindowAttention):
-        return mixer.attention_weights(h, segment_ids)
-    t = h.shape[1]
-    inputs, _ = mixer._inputs(h, segment_ids=segment_ids, conv_state=None)
-    exp_form = isinstance(mixer, Performer) or (isinstance(mixer, Hedgehog)
-                                                and mixer.map_form == "exp")
-    if exp_form:
-        omega = mixer.omega[...] if isinstance(mixer, Performer) else None
-        lq = mixer._log_features(inputs["q"], query=True, omega=omega)
-        lk = mixer._log_features(inputs["k"], query=False, omega=omega)
-        phi_q = jnp.exp(lq - jax.lax.stop_gradient(jnp.max(lq, axis=-1, keepdims=True)))
-        phi_k = jnp.exp(lk - jax.lax.stop_gradient(jnp.max(lk, axis=(1, 3), keepdims=True)))
-    else:
-        phi_q, phi_k = inputs["q"], inputs["k"]
-    scores = jnp.einsum("bthf,bshf->bhts", phi_q.astype(jnp.float32),
-                        phi_k.astype(jnp.float32), precision=_HI)
-    scores = jnp.where(attention_mask(t, segment_ids), scores, 0.0)
-    return scores / (jnp.sum(scores, axis=-1, keepdims=True) + 1e-30)
+    return mixer.attention_weights(h, segment_ids)
 
 
 def converted_layers(teacher, student, inputs, segment_ids, converted):

@@ -52,6 +52,19 @@ class Mixer(nnx.Module):
         A classmethod, so a run's FLOPs need only its config, not a built model."""
         raise NotImplementedError
 
+    # --- optional: attention weights (training.convert_loss's attention_ce and agreement)
+    @classmethod
+    def has_attention_weights(cls, cfg: ModelConfig) -> bool:
+        """Whether a mixer of this config defines attention_weights: its output is a set
+        of normalised weights over the keys applied to the values, as softmax's. A
+        classmethod, so a conversion checks its config before building a model."""
+        return False
+
+    def attention_weights(self, x, segment_ids=None):
+        """(B, H, T, T) float32 on x (B, T, d_model): each query's weights over the keys,
+        0 on keys it cannot see, rows summing to 1. Only where has_attention_weights."""
+        raise NotImplementedError(f"mixer {self.name!r} has no attention weights")
+
 
 INTERFACE = ("__call__", "init_state", "prefill", "step", "state_size", "flops_per_token")
 

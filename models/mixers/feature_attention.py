@@ -13,10 +13,12 @@ counts at 2 per weight, so flops_per_token needs no term for it.
 """
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 from flax import nnx
 
 from kernels import context_parallel
+from kernels.common import masked_exp, run_ids, segsum
 from models.config import ModelConfig
 from models.layers import ShortConv, dense, dtypes, rotary, segment_positions
 from models.mixers.recurrent import RecurrentMixer
@@ -29,6 +31,8 @@ class FeatureMapAttention(RecurrentMixer):
     subclass projects elsewhere, as Based does)."""
 
     normalize = True
+    # kernels.ops.linear_attention's eps, o = num / (den + eps) (normalised maps)
+    denominator_eps = 1e-6
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, qk_dim: int = 0):
         super().__init__(cfg)
@@ -118,8 +122,39 @@ class FeatureMapAttention(RecurrentMixer):
     def _op(self, inputs, *, segment_ids, initial_state, return_state, impl):
         return context_parallel.linear_attention(
             inputs["q"], inputs["k"], inputs["v"], normalize=self.normalize,
-            segment_ids=segment_ids, initial_state=initial_state, return_state=return_state,
-            impl=impl, chunk_size=self.cfg.chunk_size)
+            eps=self.denominator_eps, segment_ids=segment_ids, initial_state=initial_state,
+            return_state=return_state, impl=impl, chunk_size=self.cfg.chunk_size)
+
+    # --- attention weights --------------------------------------------------------------
+    @classmethod
+    def has_attention_weights(cls, cfg: ModelConfig) -> bool:
+        return cls.normalize
+
+    def _weight_features(self, inputs, run):
+        """(phi(q), phi(k) (B, T, H, F), log decay (B, T, H) or None): what the op
+        multiplies, with the per-token log decay it applies to the state between keys
+        (run (B, T): each token's document, kernels.common.run_ids)."""
+        return inputs["q"], inputs["k"], None
+
+    def attention_weights(self, x, segment_ids=None):
+        """phi(q_t) . phi(k_s) (times the decay the op applies between s and t) over the
+        causal keys of the same document, divided by their sum: the weights the
+        normalised linear attention applies to the values."""
+        if not self.normalize:
+            raise ValueError(f"mixer {self.name!r} is not normalised (no attention "
+                             f"weights); use convert.loss=output_mse")
+        b, t, _ = x.shape
+        inputs, _ = self._inputs(x, segment_ids=segment_ids, conv_state=None)
+        run = run_ids(segment_ids, b, t)
+        phi_q, phi_k, log_decay = self._weight_features(inputs, run)
+        visible = ((run[:, :, None] == run[:, None, :])
+                   & jnp.tril(jnp.ones((t, t), bool)))[:, None]          # (B, 1, T, S)
+        scores = jnp.einsum("bthf,bshf->bhts", phi_q.astype(jnp.float32),
+                            phi_k.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
+        if log_decay is not None:
+            scores = scores * masked_exp(visible, segsum(jnp.moveaxis(log_decay, 1, 2)))
+        scores = jnp.where(visible, scores, 0.0)
+        return scores / (jnp.sum(scores, axis=-1, keepdims=True) + 1e-30)
 
     def _output(self, o, x, inputs):
         b, t = o.shape[:2]

@@ -40,6 +40,10 @@ class LinearAttention(FeatureMapAttention):
                                       rngs=rngs)
 
     @classmethod
+    def has_attention_weights(cls, cfg: ModelConfig) -> bool:
+        return cfg.feature_map != "identity"  # identity is left unnormalised
+
+    @classmethod
     def feature_dim(cls, cfg: ModelConfig) -> int:
         d = cfg.resolved_head_dim
         return 2 * d if cfg.feature_map == "dpfp" else d
@@ -89,6 +93,16 @@ class _StabilisedExpAttention(FeatureMapAttention):
 
     def _phi(self, x, *, query: bool):
         return x
+
+    def _weight_features(self, inputs, run):
+        # the op's own features: queries shifted by their own max, keys by the running
+        # max of their document's prefix, whose log decay keeps every key exact
+        lq = self._log_features(inputs["q"], query=True, omega=inputs.get("omega"))
+        lk = self._log_features(inputs["k"], query=False, omega=inputs.get("omega"))
+        phi_q = fm.per_token_max_features(lq, eps=self.feature_eps)
+        c0 = jnp.full((lk.shape[0], self.num_heads), -jnp.inf, jnp.float32)
+        phi_k, log_decay, _ = fm.running_max_features(lk, run, c0, eps=self.feature_eps)
+        return phi_q, phi_k, log_decay
 
     def _op_state(self, batch: int):
         s, z = super()._op_state(batch)
@@ -208,6 +222,8 @@ class Hedgehog(_StabilisedExpAttention):
         super().__init__(cfg, rngs=rngs)
         param_dtype = dtypes(cfg)[1]
         self.map_form = cfg.hedgehog_map
+        if self.map_form == "softmax":  # bounded features: the plain op's eps (fla's)
+            self.denominator_eps = FeatureMapAttention.denominator_eps
         self.feature_map_q = fm.HedgehogFeatureMap(self.num_heads, self.head_dim,
                                                    param_dtype=param_dtype)
         self.feature_map_k = fm.HedgehogFeatureMap(self.num_heads, self.head_dim,
@@ -230,6 +246,11 @@ class Hedgehog(_StabilisedExpAttention):
         if self.map_form == "softmax":
             return FeatureMapAttention._op_state(self, batch)
         return super()._op_state(batch)
+
+    def _weight_features(self, inputs, run):
+        if self.map_form == "softmax":
+            return FeatureMapAttention._weight_features(self, inputs, run)
+        return super()._weight_features(inputs, run)
 
     def _op(self, inputs, **kwargs):
         if self.map_form == "softmax":

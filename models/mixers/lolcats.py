@@ -70,10 +70,13 @@ class HedgehogWindowAttention(Mixer):
         fk = self.feature_map_k(k).astype(v.dtype)
         return q, k, fq, fk, v
 
+    @classmethod
+    def has_attention_weights(cls, cfg: ModelConfig) -> bool:
+        return True
+
     def attention_weights(self, x, segment_ids=None):
-        """(B, H, T, T) float32: each query's weights over the keys (rows sum to 1), the
-        window's and the linear part's together (training.convert_loss compares them
-        with the softmax layer's)."""
+        """The window's and the linear part's weights together, over their one
+        normaliser (Mixer.attention_weights)."""
         q, k, fq, fk, _ = self.inputs(x, segment_ids)
         return window_linear.hybrid_weights(q, k, fq, fk, self._gamma(), window=self.window,
                                             segment_ids=segment_ids)
