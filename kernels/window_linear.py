@@ -23,7 +23,8 @@ Three exact forms, each q, k (B, T, H, D), phi(q), phi(k) (B, T, H, F), v (B, T,
               window blocks and the delay are left to XLA's partitioner (exact; no
               hand-written halo exchange yet);
   step        one token from a state of the last w keys and values and the linear state
-              of the keys older than them (the decode form).
+              of the keys older than them (the decode form); `state_after` is the state
+              a whole prompt from a fresh state leaves, so a prompt runs blocked.
 """
 from __future__ import annotations
 
@@ -156,6 +157,27 @@ def init_state(batch: int, heads: int, head_dim: int, value_dim: int, features: 
             "s": jnp.zeros((batch, heads, features, value_dim), jnp.float32),
             "z": jnp.zeros((batch, heads, features), jnp.float32),
             "pos": jnp.zeros((), jnp.int32)}
+
+
+def state_after(k, v, fk, window: int, dtype):
+    """The decode state after a prompt k (B, T, H, D), v (B, T, H, Dv) from a fresh state
+    (position 0, one document): hybrid_step's, in one go. fk (B, T, H, F) float32: the
+    keys' features as hybrid_step makes them. Keys 0 .. T-1-w have left the window into
+    S and z; slot i holds the latest position p <= T-1 with p = i (mod w), zeros where
+    there is none (T < w), as the ring buffer hybrid_step fills."""
+    b, t = k.shape[:2]
+    w = window
+    f32 = jnp.float32
+    older = (jnp.arange(t) < t - w).astype(f32)[None, :, None, None]   # left the window
+    fk_old = fk.astype(f32) * older
+    s = jnp.einsum("bthf,bthd->bhfd", fk_old, v.astype(f32))
+    z = fk_old.sum(1)
+    slot_pos = (t - 1) - jnp.mod(t - 1 - jnp.arange(w), w)                # (w,)
+    present = (slot_pos >= 0)[None, :, None, None]
+    ring = lambda x: jnp.where(present, jnp.take(x, jnp.maximum(slot_pos, 0), axis=1),
+                               0).astype(dtype)
+    return {"k": ring(k), "v": ring(v), "s": s, "z": z,
+            "pos": jnp.asarray(t, jnp.int32)}
 
 
 def hybrid_step(q, k, fq, v, gamma, state, feature_map_k):

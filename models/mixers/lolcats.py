@@ -82,7 +82,9 @@ class HedgehogWindowAttention(Mixer):
                                             segment_ids=segment_ids)
 
     def __call__(self, x, *, segment_ids=None):
-        q, k, fq, fk, v = self.inputs(x, segment_ids)
+        return self._out(self._mix(*self.inputs(x, segment_ids), segment_ids))
+
+    def _mix(self, q, k, fq, fk, v, segment_ids=None):
         if self.cfg.impl == "parallel":
             o = window_linear.hybrid_quadratic(q, k, fq, fk, v, self._gamma(),
                                                window=self.window, segment_ids=segment_ids)
@@ -91,7 +93,7 @@ class HedgehogWindowAttention(Mixer):
                                              window=self.window, segment_ids=segment_ids,
                                              impl=self.cfg.impl,
                                              chunk_size=self.cfg.chunk_size)
-        return self._out(o)
+        return o
 
     def init_state(self, batch: int, max_len: int = 0):
         d = self.head_dim
@@ -108,13 +110,24 @@ class HedgehogWindowAttention(Mixer):
         return self._out(y[:, None])[:, 0], state
 
     def prefill(self, x, state):
-        """The prompt token by token (the decode form), from any state."""
-        def one(carry, x_t):
-            y_t, carry = self.step(x_t, carry)
-            return carry, y_t
+        """From a fresh state (position 0) the whole prompt in the training form and the
+        state it leaves (window_linear.state_after); from any other (a prompt in pieces)
+        token by token, the decode form."""
+        def fresh(state):
+            q, k, fq, fk, v = self.inputs(x)
+            keys = self.feature_map_k(k.astype(jnp.float32))  # as step() makes them
+            return (self._out(self._mix(q, k, fq, fk, v)),
+                    window_linear.state_after(k, v, keys, self.window, state["k"].dtype))
 
-        state, ys = jax.lax.scan(one, state, jnp.moveaxis(x, 1, 0))
-        return jnp.moveaxis(ys, 0, 1), state
+        def token_by_token(state):
+            def one(carry, x_t):
+                y_t, carry = self.step(x_t, carry)
+                return carry, y_t
+
+            state, ys = jax.lax.scan(one, state, jnp.moveaxis(x, 1, 0))
+            return jnp.moveaxis(ys, 0, 1), state
+
+        return jax.lax.cond(state["pos"] == 0, fresh, token_by_token, state)
 
     def state_size(self) -> int:
         h, d, w = self.num_heads, self.head_dim, self.window

@@ -77,6 +77,26 @@ def test_prefill_in_pieces_equals_one_prefill(name, monkeypatch):
     close(f(x), jnp.concatenate([y_pieces, y_last], axis=1))
 
 
+@pytest.mark.parametrize("length", [1, 5, 6, 7, 15])
+def test_hedgehog_window_prefill_equals_its_decode(length):
+    """LoLCATs' layer prefills a fresh state in the blocked form and builds the state in
+    one go (window_linear.state_after): the same outputs and state as the prompt token by
+    token, prompts shorter than, equal to and past the window (6, so the ring buffer
+    wraps); a second prefill (a non-fresh state) goes token by token, and decoding after
+    both equals the forward pass."""
+    cfg, f = build("hedgehog_window")
+    x = inputs(cfg)
+    state0 = f.module.init_state(B, cfg.max_len)
+    y_fast, s_fast = f.method("prefill", x[:, :length], state0)
+    y_slow, s_slow = f.steps("step", state0, x[:, :length])
+    close(y_slow, y_fast)
+    jax.tree.map(close, s_slow, s_fast)
+    assert int(s_fast["pos"]) == length
+    y_more, s_more = f.method("prefill", x[:, length:length + 4], s_fast)
+    y_last, _ = f.steps("step", s_more, x[:, length + 4:])
+    close(f(x), jnp.concatenate([y_fast, y_more, y_last], axis=1))
+
+
 @pytest.mark.parametrize("name", ALL)
 def test_packed_segments_equal_documents_alone(name):
     cfg, f = build(name)
