@@ -41,6 +41,22 @@ def run_ids(segment_ids, batch: int, length: int):
         [jnp.zeros((batch, 1), jnp.int32), jnp.cumsum(change, axis=1, dtype=jnp.int32)], axis=1)
 
 
+def segmented_scan(op, x, run):
+    """op (associative, elementwise: jnp.add, jnp.maximum) over the prefix of each
+    position's run along axis 1: x (B, T, ...), run (B, T) non-decreasing along T
+    (run_ids). The pair operator keeps the later value unless both ends lie in one run:
+    associative because runs are contiguous, so lax.associative_scan applies (no prefix
+    is subtracted, so a long packed row loses nothing to cancellation)."""
+    r = jnp.broadcast_to(run.reshape(run.shape + (1,) * (x.ndim - 2)), x.shape)
+
+    def combine(left, right):
+        (run_left, value_left), (run_right, value_right) = left, right
+        return run_right, jnp.where(run_left == run_right, op(value_left, value_right),
+                                    value_right)
+
+    return jax.lax.associative_scan(combine, (r, x), axis=1)[1]
+
+
 def segsum(g):
     """L[..., t, s] = sum of g[..., r] for s < r <= t (0 on and above the diagonal).
 

@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from kernels import context_parallel
-from kernels.common import masked_exp, run_ids
+from kernels.common import masked_exp, run_ids, segmented_scan
 
 _NEG = -1e30  # below any score: the max of a row that holds a kept key is that key's
 
@@ -107,20 +107,6 @@ def _delayed(x, w: int):
     return jnp.pad(x, [(0, 0), (w, 0)] + [(0, 0)] * (x.ndim - 2))[:, :t]
 
 
-def _segment_cumsum(x, seg):
-    """x (B, T, ...) summed along T, restarting where seg (B, T) changes: a segmented
-    associative scan, so no prefix is subtracted (no cancellation in long packed rows)."""
-    starts = jnp.concatenate([jnp.ones_like(seg[:, :1], bool), seg[:, 1:] != seg[:, :-1]], 1)
-    starts = jnp.broadcast_to(starts.reshape(starts.shape + (1,) * (x.ndim - 2)), x.shape)
-
-    def combine(left, right):
-        left_start, left_sum = left
-        right_start, right_sum = right
-        return left_start | right_start, jnp.where(right_start, right_sum, left_sum + right_sum)
-
-    return jax.lax.associative_scan(combine, (starts, x), axis=1)[1]
-
-
 def hybrid_blocked(q, k, fq, fk, v, gamma, *, window: int, segment_ids=None,
                    impl="auto", chunk_size: int = 64):
     """The same function as hybrid_quadratic in O(T (w + F Dv)): impl and chunk_size go to
@@ -142,7 +128,7 @@ def hybrid_blocked(q, k, fq, fk, v, gamma, *, window: int, segment_ids=None,
     num_l = context_parallel.linear_attention(fq, fk_late, v_late, normalize=False,
                                               segment_ids=segment_ids, impl=impl,
                                               chunk_size=chunk_size).astype(jnp.float32)
-    keys_so_far = _segment_cumsum(fk_late.astype(jnp.float32), seg)
+    keys_so_far = segmented_scan(jnp.add, fk_late.astype(jnp.float32), seg)
     den_l = jnp.einsum("bthf,bthf->bth", fq.astype(jnp.float32), keys_so_far)
     y = (num_w + num_l) / (den_w + den_l)[..., None]
     return y.astype(v.dtype)

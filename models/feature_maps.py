@@ -13,6 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from kernels.common import segmented_scan
+
 
 def elu_plus_one(x):
     """Katharopoulos et al. (2020): elu(x) + 1, positive, d features."""
@@ -163,18 +165,6 @@ def per_token_max_features(logits, *, eps: float = 0.0):
     return jnp.exp(logits - top) + eps
 
 
-def _segmented_cummax(m, run):
-    """max of m (B, T, H) over the prefix of each token's run (run (B, T), non-decreasing
-    along T). The pair operator keeps the later run's value unless both runs agree: it is
-    associative because runs are contiguous, so lax.associative_scan applies."""
-    r = jnp.broadcast_to(run[..., None], m.shape)
-
-    def combine(a, b):
-        (ra, va), (rb, vb) = a, b
-        return rb, jnp.where(ra == rb, jnp.maximum(va, vb), vb)
-    return jax.lax.associative_scan(combine, (r, m), axis=1)[1]
-
-
 def running_max_features(logits, run, c0, *, eps: float = 0.0):
     """Causally stabilised key features and the log decay that keeps them exact.
 
@@ -203,7 +193,7 @@ def running_max_features(logits, run, c0, *, eps: float = 0.0):
         c = jnp.maximum(jax.lax.cummax(top, axis=1), c0[:, None])
         new_run = jnp.zeros(c.shape, bool)
     else:
-        c = _segmented_cummax(top, run)
+        c = segmented_scan(jnp.maximum, top, run)
         c = jnp.where((run == 0)[..., None], jnp.maximum(c, c0[:, None]), c)
         new_run = jnp.concatenate([jnp.zeros_like(run[:, :1], bool),
                                    run[:, 1:] != run[:, :-1]], axis=1)[..., None]
