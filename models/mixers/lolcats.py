@@ -86,14 +86,11 @@ class HedgehogWindowAttention(Mixer):
 
     def _mix(self, q, k, fq, fk, v, segment_ids=None):
         if self.cfg.impl == "parallel":
-            o = window_linear.hybrid_quadratic(q, k, fq, fk, v, self._gamma(),
-                                               window=self.window, segment_ids=segment_ids)
-        else:
-            o = window_linear.hybrid_blocked(q, k, fq, fk, v, self._gamma(),
-                                             window=self.window, segment_ids=segment_ids,
-                                             impl=self.cfg.impl,
-                                             chunk_size=self.cfg.chunk_size)
-        return o
+            return window_linear.hybrid_quadratic(q, k, fq, fk, v, self._gamma(),
+                                                  window=self.window, segment_ids=segment_ids)
+        return window_linear.hybrid_blocked(q, k, fq, fk, v, self._gamma(),
+                                            window=self.window, segment_ids=segment_ids,
+                                            impl=self.cfg.impl, chunk_size=self.cfg.chunk_size)
 
     def init_state(self, batch: int, max_len: int = 0):
         d = self.head_dim
