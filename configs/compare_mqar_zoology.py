@@ -96,7 +96,13 @@ def get_config(arg: str = "paper"):
     c.base_config = f"configs/{recipe.__name__.rsplit('.', 1)[-1]}.py"
     c.lr_key = "train.lr"
     c.seed_key = "train.seed"
-    c.overrides = {"logging": {"wandb": "disabled"}}
+    # The budget is a setting of the sweep (--config.overrides.train.steps=1955 for 5 of
+    # the paper's 64 epochs); grad_accum splits each step's batch to fit 12 members of
+    # vocabulary 8,192 beside another population on one GPU (same gradient).
+    recipe_train = recipe.get_config().train
+    c.overrides = {"logging": {"wandb": "disabled"},
+                   "train": {"steps": recipe_train.steps,
+                             "grad_accum": recipe_train.grad_accum}}
     c.mixers = [_mixer(m) for m in MIXERS]
     c.sizes = [_width(d) for d in WIDTHS]
     c.lrs = list(recipe.LRS)
