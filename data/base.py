@@ -45,6 +45,14 @@ class Dataset:
         then the model is given no segment ids at all."""
         return True
 
+    @property
+    def targets_per_row(self) -> int | None:
+        """The most positions of one row whose mask is nonzero (the loss's targets), or
+        None where any number may be. A static promise of the source, every split (the
+        train and eval steps are traced with it and form logits only at those positions:
+        training.step.loss_sums); None, the default, for text, where every token counts."""
+        return None
+
     def batch(self, step: int, batch_size: int, split: str = "train") -> dict:
         if batch_size <= 0:
             raise ValueError(f"batch_size must be positive, got {batch_size}")

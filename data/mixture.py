@@ -110,6 +110,12 @@ class MixtureDataset(Dataset):
         """Each row comes from one component: packed if any component's rows are."""
         return any(ds.packed for ds in self.components.values())
 
+    @property
+    def targets_per_row(self) -> int | None:
+        """Each row comes from one component: the largest bound, None if one has none."""
+        bounds = [ds.targets_per_row for ds in self.components.values()]
+        return None if None in bounds else max(bounds)
+
     def choose(self, step: int, batch_size: int, split: str) -> np.ndarray:
         """The component index of each row: rng([seed, step, row]) per row."""
         cdf = np.cumsum(self.weights)

@@ -221,6 +221,11 @@ class MQARDataset(Dataset):
         """Every row is one example."""
         return False
 
+    @property
+    def targets_per_row(self) -> int:
+        """A row's queries: at most the largest kv of its settings."""
+        return max(self.kv_choices)
+
     def _batch(self, step: int, batch_size: int, split: str) -> dict:
         rng = step_rng(self.seed, step, split)
         if self.settings is not None:

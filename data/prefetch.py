@@ -41,6 +41,10 @@ class Prefetched(Dataset):
         return self.inner.packed
 
     @property
+    def targets_per_row(self) -> int | None:
+        return self.inner.targets_per_row
+
+    @property
     def vocab_size(self) -> int:
         return self.inner.vocab_size
 

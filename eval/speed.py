@@ -39,7 +39,8 @@ def jitted_train_step(config, dataset):
     model_cfg = builders.build_model_config(config, dataset)
     model, layout = runtime.describe_model(config, model_cfg, mesh)
     params, opt_state, rest = runtime.init_fresh(model, layout)
-    steps = runtime.compile_steps(model, rest, layout, config.train, mesh, dataset.packed)
+    steps = runtime.compile_steps(model, rest, layout, config.train, mesh, dataset.packed,
+                                  dataset.targets_per_row)
     return steps, params, opt_state, layout.batch
 
 

@@ -93,7 +93,8 @@ def _train(config, workdir: str) -> dict[str, Any]:
         if is_main:
             config_tools.save_config(config, workdir)
         start = state.step
-        steps = runtime.compile_steps(model, rest, layout, t_cfg, mesh, dataset.packed)
+        steps = runtime.compile_steps(model, rest, layout, t_cfg, mesh, dataset.packed,
+                                      dataset.targets_per_row)
 
         n_params = model_state.num_params(model.shapes)
         banner = _banner(n_params, model_cfg, mesh, start)

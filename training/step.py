@@ -33,10 +33,15 @@ def _token_losses(logits, targets):
 
 
 def loss_sums(model, batch, *, deterministic: bool, packed: bool = True,
-              chunk_logits: int = LOSS_CHUNK_LOGITS):
+              chunk_logits: int = LOSS_CHUNK_LOGITS, targets_per_row: int | None = None):
     """(sum of masked token cross-entropies, number of masked tokens, number correct).
     packed: the data's rows may hold several documents (data.Dataset.packed); if not,
     the model gets no segment ids (every linear op then runs its unsegmented kernel).
+    targets_per_row: at most this many positions of a row have mask != 0
+    (data.Dataset.targets_per_row; None: any number): the logits are then formed only
+    at those positions, which is exact (a position of mask 0 adds nothing to any sum)
+    and for MQAR (16 queries in 256 positions) cuts the head and the softmax over the
+    vocabulary 16-fold.
     A model with `hidden` and `logits` (models.LanguageModel) whose batch would hold more
     than chunk_logits logits has them formed in pieces of the time axis
     (_chunked_sums)."""
@@ -44,14 +49,33 @@ def loss_sums(model, batch, *, deterministic: bool, packed: bool = True,
     segment_ids = batch["segment_ids"] if packed else None
     mask = batch["mask"].astype(jnp.float32)
     vocab = getattr(getattr(model, "cfg", None), "vocab_size", None)
-    if vocab is None or not hasattr(model, "hidden") or targets.size * vocab <= chunk_logits:
+    few_targets = targets_per_row is not None and targets_per_row < targets.shape[1]
+    if vocab is None or not hasattr(model, "hidden") or (
+            targets.size * vocab <= chunk_logits and not few_targets):
         logits = model(inputs, segment_ids=segment_ids, deterministic=deterministic)
         nll, correct = _token_losses(logits, targets)
         return jnp.sum(nll * mask), jnp.sum(mask), jnp.sum(correct * mask)
     x = model.hidden(inputs, segment_ids=segment_ids, deterministic=deterministic)
+    if few_targets:
+        x, targets, mask = target_positions(x, targets, mask, targets_per_row)
+    if targets.size * vocab <= chunk_logits:
+        nll, correct = _token_losses(model.logits(x), targets)
+        return jnp.sum(nll * mask), jnp.sum(mask), jnp.sum(correct * mask)
     width = max(1, chunk_logits // (targets.shape[0] * vocab))
     nll_sum, correct_sum = _chunked_sums(model.logits, x, targets, mask, width)
     return nll_sum, jnp.sum(mask), correct_sum
+
+
+def target_positions(x, targets, mask, k: int):
+    """(x, targets, mask) at the first k positions of each row with mask != 0, in order,
+    then positions of mask 0 where a row has fewer: x (B, T, ...) -> (B, k, ...). Exact
+    for every sum over mask only when no row has more than k such positions."""
+    order = jnp.argsort(mask == 0, axis=1, stable=True)[:, :k]
+
+    def take(a):
+        index = order.reshape(order.shape + (1,) * (a.ndim - 2))
+        return jnp.take_along_axis(a, index, axis=1)
+    return take(x), take(targets), take(mask)
 
 
 def _chunked_sums(logits_of, x, targets, mask, width: int):
@@ -77,7 +101,7 @@ def _chunked_sums(logits_of, x, targets, mask, width: int):
 
 
 def make_train_step(parts: model_state.ModelParts, tx, grad_accum: int, mesh,
-                    packed: bool = True):
+                    packed: bool = True, targets_per_row: int | None = None):
     """One optimizer update, as a pure function to jit.
 
     Args:
@@ -89,6 +113,8 @@ def make_train_step(parts: model_state.ModelParts, tx, grad_accum: int, mesh,
       mesh: the jax.sharding.Mesh; microbatches stay split over its batch axes.
       packed: the data's rows may hold several documents (data.Dataset.packed): the
         model is given the batch's segment_ids only then.
+      targets_per_row: the data's bound on loss positions per row
+        (data.Dataset.targets_per_row): logits only there (loss_sums).
 
     Returns:
       step(params, opt_state, batch, rng, feature_rng) -> (params, opt_state, metrics),
@@ -103,7 +129,8 @@ def make_train_step(parts: model_state.ModelParts, tx, grad_accum: int, mesh,
         # The model is merged inside its own jit (inlined by XLA): NNX lets a model mutate
         # Variables (RNG counters, remat's write-back) only in the trace that created them.
         rest = model_state.rekey(parts.rest, rng, feature_rng)
-        s, n, c = loss_sums(parts.merge(p, rest), batch, deterministic=False, packed=packed)
+        s, n, c = loss_sums(parts.merge(p, rest), batch, deterministic=False, packed=packed,
+                            targets_per_row=targets_per_row)
         return s, (n, c)
     summed_grad = jax.value_and_grad(jax.jit(summed), has_aux=True)
 
@@ -150,9 +177,11 @@ def make_train_step(parts: model_state.ModelParts, tx, grad_accum: int, mesh,
     return step
 
 
-def make_eval_step(parts: model_state.ModelParts, packed: bool = True):
+def make_eval_step(parts: model_state.ModelParts, packed: bool = True,
+                   targets_per_row: int | None = None):
     """step(params, batch) -> loss_sums of the model at `params`, without dropout (packed
-    as make_train_step's)."""
+    and targets_per_row as make_train_step's)."""
     def step(params, batch):
-        return loss_sums(parts.merge(params), batch, deterministic=True, packed=packed)
+        return loss_sums(parts.merge(params), batch, deterministic=True, packed=packed,
+                         targets_per_row=targets_per_row)
     return step
