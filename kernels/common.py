@@ -41,6 +41,21 @@ def run_ids(segment_ids, batch: int, length: int):
         [jnp.zeros((batch, 1), jnp.int32), jnp.cumsum(change, axis=1, dtype=jnp.int32)], axis=1)
 
 
+def visible_keys(length: int, docs=None, window: int | None = None):
+    """(B|1, 1, T, S) bool: key s is visible from query t: causal (s <= t), within the
+    last `window` positions when one is given, and of the same document (docs (B, T):
+    equal ids, run_ids' runs or raw segment ids as the caller's kernel counts them; None:
+    one document). The dense reference forms' mask."""
+    lag = jnp.arange(length)[:, None] - jnp.arange(length)[None, :]
+    keep = lag >= 0
+    if window is not None:
+        keep = keep & (lag < window)
+    keep = keep[None, None]
+    if docs is not None:
+        keep = keep & (docs[:, :, None] == docs[:, None, :])[:, None]
+    return keep
+
+
 def segmented_scan(op, x, run):
     """op (associative, elementwise: jnp.add, jnp.maximum) over the prefix of each
     position's run along axis 1: x (B, T, ...), run (B, T) non-decreasing along T

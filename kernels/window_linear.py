@@ -32,7 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from kernels import context_parallel
-from kernels.common import masked_exp, run_ids, segmented_scan
+from kernels.common import masked_exp, run_ids, segmented_scan, visible_keys
 
 _NEG = -1e30  # below any score: the max of a row that holds a kept key is that key's
 
@@ -51,10 +51,8 @@ def hybrid_weights(q, k, fq, fk, gamma, *, window: int, segment_ids=None):
     f32 = jnp.float32
     scores = jnp.einsum("bthd,bshd->bhts", q.astype(f32), k.astype(f32)) * d ** -0.5
     seg = run_ids(segment_ids, b, t)
-    lag = jnp.arange(t)[:, None] - jnp.arange(t)[None, :]
-    same = (seg[:, :, None] == seg[:, None, :])[:, None]          # (B, 1, T, S)
-    in_window = same & (lag >= 0) & (lag < window)
-    in_linear = same & (lag >= window)
+    in_window = visible_keys(t, seg, window)                       # (B, 1, T, S)
+    in_linear = visible_keys(t, seg) & ~in_window
     # every row holds its own key, so its max is a real score
     a_sm = _window_weights(scores, in_window, gamma.astype(f32)[:, None, None])
     a_ln = jnp.where(in_linear, jnp.einsum("bthf,bshf->bhts", fq.astype(f32),

@@ -28,26 +28,13 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
+from kernels.common import visible_keys
 from models.layers import segment_positions
 from models.mixers.attention import SlidingWindowAttention, _Attention
 
 LOSSES = ("attention_ce", "output_mse")
 _HI = jax.lax.Precision.HIGHEST
 _LOG_EPS = 1e-12
-
-
-def attention_mask(t: int, segment_ids=None, window: int | None = None):
-    """(B|1, 1, T, T) bool: key s visible from query t (causal, same segment, within the
-    window)."""
-    q = jnp.arange(t)[:, None]
-    k = jnp.arange(t)[None, :]
-    mask = k <= q
-    if window is not None:
-        mask = mask & (q - k < window)
-    mask = mask[None, None]
-    if segment_ids is not None:
-        mask = mask & (segment_ids[:, None, :, None] == segment_ids[:, None, None, :])
-    return mask
 
 
 def teacher_attention(mixer: _Attention, h, segment_ids=None):
@@ -60,7 +47,7 @@ def teacher_attention(mixer: _Attention, h, segment_ids=None):
     scores = jnp.einsum("bthd,bshd->bhts", q.astype(jnp.float32), k.astype(jnp.float32),
                         precision=_HI) * mixer.head_dim ** -0.5
     window = mixer.window if isinstance(mixer, SlidingWindowAttention) else None
-    mask = attention_mask(t, segment_ids, window)
+    mask = visible_keys(t, segment_ids, window)  # the softmax kernel's: same segment id
     weights = jax.nn.softmax(jnp.where(mask, scores, -jnp.inf), axis=-1)
     return mixer(h, segment_ids=segment_ids), jnp.where(mask, weights, 0.0)
 

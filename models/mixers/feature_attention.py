@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from kernels import context_parallel
-from kernels.common import masked_exp, run_ids, segsum
+from kernels.common import masked_exp, run_ids, segsum, visible_keys
 from models.config import ModelConfig
 from models.layers import ShortConv, dense, dtypes, rotary, segment_positions
 from models.mixers.recurrent import RecurrentMixer
@@ -147,8 +147,7 @@ class FeatureMapAttention(RecurrentMixer):
         inputs, _ = self._inputs(x, segment_ids=segment_ids, conv_state=None)
         run = run_ids(segment_ids, b, t)
         phi_q, phi_k, log_decay = self._weight_features(inputs, run)
-        visible = ((run[:, :, None] == run[:, None, :])
-                   & jnp.tril(jnp.ones((t, t), bool)))[:, None]          # (B, 1, T, S)
+        visible = visible_keys(t, run)                                   # (B, 1, T, S)
         scores = jnp.einsum("bthf,bshf->bhts", phi_q.astype(jnp.float32),
                             phi_k.astype(jnp.float32), precision=jax.lax.Precision.HIGHEST)
         if log_decay is not None:
