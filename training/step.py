@@ -32,6 +32,12 @@ def _token_losses(logits, targets):
     return nll, correct
 
 
+def _masked_sums(logits, targets, mask):
+    """(sum of masked cross-entropies, number of masked tokens, number correct)."""
+    nll, correct = _token_losses(logits, targets)
+    return jnp.sum(nll * mask), jnp.sum(mask), jnp.sum(correct * mask)
+
+
 def loss_sums(model, batch, *, deterministic: bool, packed: bool = True,
               chunk_logits: int = LOSS_CHUNK_LOGITS, targets_per_row: int | None = None):
     """(sum of masked token cross-entropies, number of masked tokens, number correct).
@@ -49,18 +55,15 @@ def loss_sums(model, batch, *, deterministic: bool, packed: bool = True,
     segment_ids = batch["segment_ids"] if packed else None
     mask = batch["mask"].astype(jnp.float32)
     vocab = getattr(getattr(model, "cfg", None), "vocab_size", None)
-    few_targets = targets_per_row is not None and targets_per_row < targets.shape[1]
-    if vocab is None or not hasattr(model, "hidden") or (
-            targets.size * vocab <= chunk_logits and not few_targets):
+    if vocab is None or not hasattr(model, "hidden"):
         logits = model(inputs, segment_ids=segment_ids, deterministic=deterministic)
-        nll, correct = _token_losses(logits, targets)
-        return jnp.sum(nll * mask), jnp.sum(mask), jnp.sum(correct * mask)
+        return _masked_sums(logits, targets, mask)
+    # model(inputs) is model.logits(model.hidden(inputs)): the same ops either way
     x = model.hidden(inputs, segment_ids=segment_ids, deterministic=deterministic)
-    if few_targets:
+    if targets_per_row is not None and targets_per_row < targets.shape[1]:
         x, targets, mask = target_positions(x, targets, mask, targets_per_row)
     if targets.size * vocab <= chunk_logits:
-        nll, correct = _token_losses(model.logits(x), targets)
-        return jnp.sum(nll * mask), jnp.sum(mask), jnp.sum(correct * mask)
+        return _masked_sums(model.logits(x), targets, mask)
     width = max(1, chunk_logits // (targets.shape[0] * vocab))
     nll_sum, correct_sum = _chunked_sums(model.logits, x, targets, mask, width)
     return nll_sum, jnp.sum(mask), correct_sum
