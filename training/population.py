@@ -108,6 +108,7 @@ class _MemberRun:
         self.start = step
         self.saver, self.sinks, self.steps, self.schedule = saver, sinks, steps, schedule
         self.diverged_at: int | None = None
+        self.final_recorded = False  # its final evaluation is in metrics.jsonl
 
     @property
     def active(self) -> bool:
@@ -353,7 +354,8 @@ def _train_population(config, workdir: pathlib.Path, members: list[Member],
         pop = _Population(runs, datasets, t_cfg, train, evaluate, params, opt_state, rests,
                           workdir, record, progress,
                           loop._Speed(config, model_cfg, n_params, start),
-                          _leading(layout.replicated, mesh))
+                          (lead(layout.params), lead(layout.opt_state),
+                           _leading(layout.replicated, mesh)))
         pop.run(start, stop, stop_at)
         return pop.finish()
 
@@ -372,29 +374,81 @@ class _Silent:
 
 
 class _Population:
-    """The stacked state and the loop over steps: loop._run_steps for M members."""
+    """The stacked state and the loop over steps: loop._run_steps for M members.
+
+    The stacked arrays hold only the members still training (`live`, in member order):
+    a member that stops early or diverges is parked (its state kept apart) at the next
+    evaluation, so that the step stops computing it; a frozen member inside the step
+    would cost as much as a training one, and in a sweep the members of the best lrs
+    stop first. Each new member count compiles the step once."""
 
     def __init__(self, runs, datasets, t_cfg, train, evaluate, params, opt_state, rests,
-                 workdir, record, progress, speed, member_sharding):
-        self.member_sharding = member_sharding  # [M] arrays: replicated on the mesh
+                 workdir, record, progress, speed, shardings):
+        # shardings: the stacked params', opt_state's, and [M] arrays' (replicated).
+        self.param_sharding, self.opt_sharding, self.member_sharding = shardings
         self.runs, self.datasets, self.t_cfg = runs, datasets, t_cfg
         self.train, self.evaluate = train, evaluate
-        self.params, self.opt_state, self.rests = params, opt_state, rests
+        self.params, self.opt_state = params, opt_state
+        self.all_rests = rests
         self.workdir, self.record = workdir, record
         self.progress, self.speed = progress, speed
-        self.index = jnp.arange(len(runs))
-        self.base_keys = jnp.stack([r.steps.base_key for r in runs])
+        self.all_base_keys = jnp.stack([r.steps.base_key for r in runs])
         self.seeds = sorted(datasets)
-        self.slots = jnp.asarray([self.seeds.index(r.member.seed) for r in runs])
-        self.pending: list[tuple[int, list[bool], Any]] = []
-        self._set_active()
+        self.all_slots = np.asarray([self.seeds.index(r.member.seed) for r in runs], np.int32)
+        self.pending: list[tuple[int, list[bool], list[int], Any]] = []
         self._eval_batches = None
+        self.live = list(range(len(runs)))  # the member of each stacked row
+        self.parked: dict[int, tuple] = {}  # member -> (params, opt_state), not training
+        self._set_rows()
+        self._compact()
+
+    def _set_rows(self):
+        """The per-row inputs of the step for the rows in self.live, placed as the step
+        places them (an unplaced array would compile the step again)."""
+        rows = np.asarray(self.live)
+        put = lambda x: jax.device_put(x, self.member_sharding)
+        self.index = put(rows.astype(np.int32))
+        self.slots = put(self.all_slots[rows])
+        self.base_keys = put(self.all_base_keys[rows])
+        self.rests = put(jax.tree.map(lambda x: x[rows], self.all_rests))
+        self._set_active()
 
     def _set_active(self):
         # Placed as the step's output `active` is, so that passing either one back in
-        # finds the same compiled step (an unplaced array would compile it again).
-        self.active = jax.device_put(np.asarray([r.active for r in self.runs]),
+        # finds the same compiled step.
+        self.active = jax.device_put(np.asarray([self.runs[i].active for i in self.live]),
                                      self.member_sharding)
+
+    def _compact(self):
+        """Parks the stacked rows of members no longer training (while any still is)."""
+        keep = [row for row, i in enumerate(self.live) if self.runs[i].active]
+        if not keep or len(keep) == len(self.live):
+            return
+        for row, i in enumerate(self.live):
+            if not self.runs[i].active:
+                self.parked[i] = (_member(self.params, row), _member(self.opt_state, row))
+        rows = np.asarray(keep)
+        self.params = jax.device_put(jax.tree.map(lambda x: x[rows], self.params),
+                                     self.param_sharding)
+        self.opt_state = jax.device_put(jax.tree.map(lambda x: x[rows], self.opt_state),
+                                        self.opt_sharding)
+        self.live = [self.live[row] for row in keep]
+        self._set_rows()
+
+    def _member_state(self, i: int) -> tuple:
+        """(params, opt_state) of member i, parked or stacked."""
+        if i in self.parked:
+            return self.parked[i]
+        row = self.live.index(i)
+        return _member(self.params, row), _member(self.opt_state, row)
+
+    def _all_params(self):
+        """Every member's parameters stacked in member order."""
+        if not self.parked:
+            return self.params
+        return jax.device_put(_stack([self._member_state(i)[0]
+                                      for i in range(len(self.runs))]),
+                              self.param_sharding)
 
     # -- data
     def _batches(self, s: int):
@@ -422,7 +476,7 @@ class _Population:
         for s in range(start, t.steps):
             if not any(r.active for r in self.runs):
                 return
-            was_active = [r.active for r in self.runs]
+            was_active = [r.active for r in self.runs]  # by member
             self.params, self.opt_state, m = self.train(
                 self.params, self.opt_state, self.rests, self._batches(s), self.slots,
                 self.index, self.active, self.base_keys, np.int32(s))
@@ -431,7 +485,7 @@ class _Population:
             for r, a in zip(self.runs, was_active):
                 if a:
                     r.step = step
-            self.pending.append((step, was_active, m))
+            self.pending.append((step, was_active, list(self.live), m))
             self.progress.update()
             signum = stop.signum
             if signum is None and stop_at is not None and step >= stop_at:
@@ -457,16 +511,16 @@ class _Population:
                 for i, r in enumerate(self.runs):
                     if r.diverged_at is None and r.step == step:
                         self._save(i, r, evaluated.get(r))
-            if stopping:
-                self._set_active()  # the stopped members are frozen from here
+            if eval_now:
+                self._compact()  # the stopped (and diverged) members leave the step
             if signum is not None:
                 for r in self.runs:
                     r.saver.wait()
                 raise loop.Interrupted(signum, step)
 
     def _save(self, i: int, r: _MemberRun, eval_loss: float | None = None) -> None:
-        state = loop._State(_member(self.params, i), _member(self.opt_state, i), r.step,
-                            r.early)
+        params, opt_state = self._member_state(i)
+        state = loop._State(params, opt_state, r.step, r.early)
         r.saver.save(state, eval_loss=eval_loss)
 
     def flush(self, *, log_now: bool) -> None:
@@ -474,34 +528,38 @@ class _Population:
         train.py stops there, without saving); the newest step is logged if asked."""
         if not self.pending:
             return
-        steps = [s for s, _, _ in self.pending]
-        actives = [a for _, a, _ in self.pending]
-        values = jax.device_get([m for _, _, m in self.pending])
+        steps = [s for s, _, _, _ in self.pending]
+        actives = [a for _, a, _, _ in self.pending]
+        lives = [live for _, _, live, _ in self.pending]
+        values = jax.device_get([m for _, _, _, m in self.pending])
         self.pending.clear()
-        for step, was_active, m in zip(steps, actives, values):
-            for i, r in enumerate(self.runs):
-                if was_active[i] and r.diverged_at is None and not bool(m["finite"][i]):
-                    self._diverged(r, step, float(m["loss"][i]))
+        for step, was_active, live, m in zip(steps, actives, lives, values):
+            for row, i in enumerate(live):  # m holds the stacked rows of that step
+                r = self.runs[i]
+                if was_active[i] and r.diverged_at is None and not bool(m["finite"][row]):
+                    self._diverged(r, step, float(m["loss"][row]))
         if log_now:
             step, m = steps[-1], values[-1]
+            row_of = {i: row for row, i in enumerate(lives[-1])}
             # A member's tokens/s and MFU are its own, as its separate run would log them.
             tokens_per_s = self.speed.tokens_per_s(step)
-            shown = []
+            shown, shown_losses = [], []
             for i, r in enumerate(self.runs):
-                if actives[-1][i] and r.diverged_at is None:
-                    r.sinks.show({"step": step, "loss": float(m["loss"][i]),
+                if actives[-1][i] and r.diverged_at is None:  # active: a stacked row
+                    row = row_of[i]
+                    loss = float(m["loss"][row])
+                    r.sinks.show({"step": step, "loss": loss,
                                   "lr": float(r.schedule(step - 1)),
                                   "tokens_per_s": tokens_per_s,
-                                  "grad_norm": float(m["grad_norm"][i]),
+                                  "grad_norm": float(m["grad_norm"][row]),
                                   "mfu": self.speed.mfu(tokens_per_s)})
-                    shown.append(f"{float(m['loss'][i]):.4f}")
+                    shown.append(f"{loss:.4f}")
+                    shown_losses.append(loss)
                 else:
                     shown.append("-")
             total = tokens_per_s * sum(a for a in actives[-1])
             self._show(f"step {step}: losses {' '.join(shown)} (members in order); "
-                       f"{total:.0f} tok/s in all", min(
-                           (float(m["loss"][i]) for i, a in enumerate(actives[-1]) if a),
-                           default=math.nan))
+                       f"{total:.0f} tok/s in all", min(shown_losses, default=math.nan))
 
     def _show(self, line: str, best_loss: float) -> None:
         """The progress bar's postfix (the lowest member loss), or a line per log."""
@@ -522,8 +580,9 @@ class _Population:
     def _eval_all(self) -> np.ndarray:
         """[M, 3] (eval loss, accuracy, tokens) sums, token-weighted as loop._evaluate."""
         total = np.zeros((len(self.runs), 3))
+        params = self._all_params()
         for batch in self._eval_feed():
-            sums = self.evaluate(self.params, self.rests, batch)
+            sums = self.evaluate(params, self.all_rests, batch)
             total += np.asarray(jax.device_get(sums))
         return total
 
@@ -541,6 +600,11 @@ class _Population:
             if r.early.update(entry["eval_loss"], step, entry["eval_accuracy"]):
                 self.progress.write(f"{r.member.workdir.name} step {step}: "
                                     f"{r.early.reason}; stopping early")
+                # Its separate run would end here with its final evaluation (these
+                # parameters, so this entry): recorded now, so that a population killed
+                # before its end has it too.
+                r.sinks.record(entry)
+                r.final_recorded = True
         return out
 
     def finish(self) -> list[dict]:
@@ -558,7 +622,7 @@ class _Population:
                 continue
             entry = _eval_entry(total[i], r.step)
             self._save(i, r, entry["eval_loss"])
-            if r.step > r.start or not r.restored:
+            if (r.step > r.start or not r.restored) and not r.final_recorded:
                 r.sinks.record(entry)
             r.saver.wait()
             best = r.saver.ckpt.best_step() if r.saver.keep_best else None

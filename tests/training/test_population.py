@@ -95,6 +95,49 @@ def test_early_stop_freezes_only_that_member(tmp_path):
             [s for s, _ in evals(ref_dir)]
 
 
+@pytest.mark.slow  # three populations (about 40 s)
+def test_stopped_member_leaves_the_step_and_a_resume_is_bitwise(tmp_path, monkeypatch):
+    # lr 0 stops at step 8 (as above): from there the step computes only the lr 3e-3
+    # member, which trains on exactly as in the separate run; a population killed at
+    # step 10 resumes with the stopped member parked from the start, bitwise.
+    import jax
+    rows_seen = []
+    compile_steps = population._compile
+
+    def recording(*args, **kw):
+        train, evaluate = compile_steps(*args, **kw)
+
+        def counted(params, *rest):
+            rows_seen.append(jax.tree.leaves(params)[0].shape[0])
+            return train(params, *rest)
+        return counted, evaluate
+    monkeypatch.setattr(population, "_compile", recording)
+    over = {"train.eval_every": 4, "train.early_stop_patience": 1}
+    whole = population.train_population(tiny_config(**over), tmp_path / "whole",
+                                        (0.0, 3e-3), (0,))
+    assert rows_seen == [2] * 8 + [1] * 4
+    ref_dir = tmp_path / "sep"
+    loop.train(tiny_config(**over, **{"train.lr": 3e-3}), ref_dir)
+    expected, got = losses(ref_dir), losses(member_dir(tmp_path / "whole", 3e-3, 0))
+    assert sorted(got) == sorted(expected) == list(range(1, 13))
+    assert max(abs(got[s] - expected[s]) for s in expected) <= 1e-6
+
+    rows_seen.clear()
+    with pytest.raises(loop.Interrupted):
+        population.train_population(tiny_config(**over), tmp_path / "cut", (0.0, 3e-3),
+                                    (0,), stop_at=10)
+    resumed = population.train_population(tiny_config(**over), tmp_path / "cut",
+                                          (0.0, 3e-3), (0,))
+    assert rows_seen == [2] * 8 + [1] * 2 + [1] * 2
+    for lr in (0.0, 3e-3):
+        assert losses(member_dir(tmp_path / "cut", lr, 0)) == \
+            losses(member_dir(tmp_path / "whole", lr, 0))
+        assert evals(member_dir(tmp_path / "cut", lr, 0)) == \
+            evals(member_dir(tmp_path / "whole", lr, 0))
+    assert [(r["status"], r["step"], r["eval_loss"]) for r in resumed] == \
+        [(r["status"], r["step"], r["eval_loss"]) for r in whole]
+
+
 def test_cli_freezes_a_diverging_member_and_prints_the_table(full_population, tmp_path):
     # lr inf makes step 1's update NaN (0 * inf in the warmup): that member is frozen
     # and named; the other member trains on exactly as in the 4-member population.
