@@ -5,6 +5,7 @@ Everything here works on any `LanguageModel` that keeps the models/ contract
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -52,21 +53,25 @@ def make_logits_fn(model: nnx.Module) -> Callable[..., jax.Array]:
 
     The model is split once into (graphdef, state) and merged inside the traced
     function, so jit sees a pure function of arrays (DESIGN: split state explicitly).
+    The graphdef is a static argument of one jitted function, so models of one
+    architecture (a sweep's lrs and seeds, measured one after another) share its
+    compilation.
     """
     graphdef, state = nnx.split(model)
-
-    @jax.jit
-    def forward(state, inputs, segment_ids):
-        m = nnx.merge(graphdef, state)
-        return m(inputs, segment_ids=segment_ids, deterministic=True).astype(jnp.float32)
 
     def logits_fn(inputs, segment_ids=None):
         inputs = jnp.asarray(inputs, jnp.int32)
         if segment_ids is None:
             segment_ids = jnp.ones_like(inputs)
-        return forward(state, inputs, jnp.asarray(segment_ids, jnp.int32))
+        return _forward(graphdef, state, inputs, jnp.asarray(segment_ids, jnp.int32))
 
     return logits_fn
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _forward(graphdef, state, inputs, segment_ids):
+    m = nnx.merge(graphdef, state)
+    return m(inputs, segment_ids=segment_ids, deterministic=True).astype(jnp.float32)
 
 
 def token_stats_fn(logits_fn: Callable[..., jax.Array]):
@@ -75,19 +80,20 @@ def token_stats_fn(logits_fn: Callable[..., jax.Array]):
     nll is -log softmax(logits)[target]; correct is argmax(logits) == target.
     """
 
-    @jax.jit
-    def _stats(logits, targets):
-        logp = jax.nn.log_softmax(logits, axis=-1)
-        nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-        return nll, jnp.argmax(logits, axis=-1) == targets
-
     def stats(batch: Mapping[str, np.ndarray]):
         seg = batch.get("segment_ids")
         logits = logits_fn(batch["inputs"], seg)
-        nll, correct = _stats(logits, jnp.asarray(batch["targets"], jnp.int32))
+        nll, correct = _token_stats(logits, jnp.asarray(batch["targets"], jnp.int32))
         return np.asarray(nll, np.float64), np.asarray(correct)
 
     return stats
+
+
+@jax.jit
+def _token_stats(logits, targets):
+    logp = jax.nn.log_softmax(logits, axis=-1)
+    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
+    return nll, jnp.argmax(logits, axis=-1) == targets
 
 
 def user_errors(main):
