@@ -1,0 +1,45 @@
+"""Issue 18's sweep as one markdown table: per cell (mixer, width) every lr's seeds and
+mean [95% t], the best lr's in bold, and the cell's training wall time.
+
+    PYTHONPATH=$PWD python docs/measurements/session22/cell_table.py \\
+        runs/h200/zoology_paper/results.jsonl
+"""
+import collections
+import json
+import sys
+
+from eval import intervals
+
+
+def main(path):
+    cells = collections.defaultdict(lambda: collections.defaultdict(dict))
+    walls = collections.defaultdict(set)
+    state = {}
+    for line in open(path):
+        r = json.loads(line)
+        key = (r["mixer"], int(r["size"][1:]))
+        cells[key][r["lr"]][r["seed"]] = r["metrics"]["accuracy"]
+        walls[key].add((round(r["train_wall_s"]), r["population"]["members"]))
+        state[key] = r["state_size"]
+    lrs = sorted({lr for c in cells.values() for lr in c})
+    print("| mixer | d | state | " + " | ".join(f"lr {lr:.3g}" for lr in lrs)
+          + " | best lr: seeds | training s (members) |")
+    print("|---|---|---|" + "---|" * len(lrs) + "---|---|")
+    for key in sorted(cells):
+        by_lr = cells[key]
+        ivs = {lr: intervals.mean_interval(by_lr[lr].values()) for lr in by_lr}
+        best = max(ivs, key=lambda lr: ivs[lr].mean)
+        row = []
+        for lr in lrs:
+            iv = ivs.get(lr)
+            text = "-" if iv is None else (
+                f"{iv.mean:.4f} [{iv.lo:.4f}, {iv.hi:.4f}]" if iv.decided else f"{iv.mean:.4f}")
+            row.append(f"**{text}**" if lr == best else text)
+        seeds = " / ".join(f"{by_lr[best][s]:.4f}" for s in sorted(by_lr[best]))
+        wall = ", ".join(f"{w} ({m})" for w, m in sorted(walls[key], key=lambda x: -x[1]))
+        print(f"| {key[0]} | {key[1]} | {state[key]:,} | " + " | ".join(row)
+              + f" | {seeds} | {wall} |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1])
