@@ -103,20 +103,22 @@ def saved_step(path: pathlib.Path) -> int:
 
 def groups(cell_runs: list[dict], workdir: str) -> list[list[dict]]:
     """The populations to train for one cell's unfinished runs: the members at one saved
-    step together (largest step first), each group split by lr where its (lr, seed)
-    pairs are not a full lrs x seeds product (training.population trains products)."""
+    step together (largest step first), each group split into lrs x seeds products
+    (training.population trains products): the lrs that lack the same seeds train
+    together, e.g. 1e-4 with seed 2 alone beside the other lrs with seeds 0-2."""
     by_step: dict[int, list[dict]] = {}
     for r in cell_runs:
         by_step.setdefault(saved_step(member_dir(workdir, r)), []).append(r)
     out = []
     for step in sorted(by_step, reverse=True):
         rs = by_step[step]
-        lrs = list(dict.fromkeys(r["lr"] for r in rs))
-        seeds = list(dict.fromkeys(r["seed"] for r in rs))
-        if len(rs) == len(lrs) * len(seeds):
-            out.append(rs)
-        else:
-            out += [[r for r in rs if r["lr"] == lr] for lr in lrs]
+        seeds_of: dict[Any, tuple] = {}
+        for r in rs:
+            seeds_of[r["lr"]] = seeds_of.get(r["lr"], ()) + (r["seed"],)
+        lrs_of: dict[tuple, list] = {}
+        for lr, seeds in seeds_of.items():
+            lrs_of.setdefault(seeds, []).append(lr)
+        out += [[r for r in rs if r["lr"] in lrs] for lrs in lrs_of.values()]
     return out
 
 

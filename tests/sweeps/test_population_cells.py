@@ -122,7 +122,7 @@ def test_cells_shards_and_groups(tmp_path):
     assert {populations.cell_name(r) for r in a}.isdisjoint(
         {populations.cell_name(r) for r in b})
     # members standing at different saved steps train as separate populations, largest
-    # step first; a group that is not an lrs x seeds product is split by lr
+    # step first; a group that is not an lrs x seeds product is split into products
     cell = cells[0]["runs"]
     for r, step in ((cell[0], 500), (cell[1], 500), (cell[2], 500)):   # lr 1e-4, 3 seeds
         (populations.member_dir(str(tmp_path), r) / "checkpoints" / str(step)).mkdir(
@@ -135,6 +135,9 @@ def test_cells_shards_and_groups(tmp_path):
     assert [(r["lr"], r["seed"]) for r in got[1]] == [(cell[3]["lr"], 0)]
     rest = [(r["lr"], r["seed"]) for g in got[2:] for r in g]
     assert sorted(rest) == sorted((r["lr"], r["seed"]) for r in cell[4:])
+    # the fresh members: lr 4.64e-4's seeds 1 and 2, then the last two lrs x 3 seeds
+    assert [sorted({(r["lr"]) for r in g}) for g in got[2:]] == \
+        [[cell[3]["lr"]], sorted({cell[6]["lr"], cell[9]["lr"]})]
     assert all(len({r["lr"] for r in g}) * len({r["seed"] for r in g}) == len(g)
                for g in got)
 
