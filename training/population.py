@@ -18,9 +18,9 @@ still train are saved at the same steps (when any one of them has to save), so a
 population resumes from one step that every member has. A member that stops early, or
 whose loss or parameters become non-finite, is frozen (its update masked off inside the
 step) while the others go on, and leaves the stacked step at the next evaluation (its
-state kept apart, so the step computes only members still training); a non-finite member is not saved after its last finite
-checkpoint (as train.py stops without saving) and is recorded in WORKDIR/population.json
-so that a resume leaves it out.
+state kept apart, so the step computes only members still training); a non-finite
+member is not saved after its last finite checkpoint (as train.py stops without saving)
+and is recorded in WORKDIR/population.json so that a resume leaves it out.
 """
 from __future__ import annotations
 
