@@ -199,6 +199,9 @@ def ruler(c):
     c.title = "Needle in a haystack with RULER's needles: exact match"
     c.base_config = "configs/compare_niah.py:train_ruler"
     c.seeds = [0, 1, 2]
+    # a cell's seeds train as one population (training.population, members vmapped):
+    # an 8-layer d256 model at length 512 leaves most of an H200 idle
+    c.population = True
     # batches of 16 at length 4,096 keep a softmax layer's scores, if materialised, at
     # 16 x 4 heads x 4096^2 x 4 bytes = 4.3 GB
     c.eval = {"niah": {"length_multiples": (1, 2, 4, 8), "num_depths": 6,

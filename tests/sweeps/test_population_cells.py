@@ -235,3 +235,37 @@ def test_based_tiny_population_sweep_equals_separate_runs(tmp_path):
     assert (tmp_path / "pop" / "recall_vs_state.png").stat().st_size > 1000
     md = (tmp_path / "pop" / "results.md").read_text()
     assert "## MQAR accuracy (settings_mean)" in md and "mean of 3 ± 95% (n seeds)" in md
+
+
+@pytest.mark.slow  # two separate runs and a 2-member population, each with its NIAH grids
+def test_niah_ruler_cell_as_a_population_gives_the_separate_runs_records(tmp_path):
+    # compare_niah:ruler trains a cell's seeds as one population: the records (every
+    # RULER task's grid) and the logged losses are those of the seeds' separate runs.
+    from sweeps import runner
+
+    cfg = load_compare_config("compare_niah", "ruler_tiny")
+    assert cfg["population"] and load_compare_config("compare_niah", "ruler")["population"]
+    cfg = dict(cfg, seeds=[0, 1])
+    pop = runner.sweep(cfg, str(tmp_path / "pop"), only="softmax", progress=False)
+    sep = runner.sweep(dict(cfg, population=False), str(tmp_path / "sep"), only="softmax",
+                       progress=False)
+    assert [r["run"] for r in pop] == [r["run"] for r in sep] and len(pop) == 2
+    for a, b in zip(sep, pop):
+        assert b["population"]["members"] == 2
+        assert a["metrics"].keys() == b["metrics"].keys()
+        for key, x in a["metrics"].items():
+            y = b["metrics"][key]
+            if isinstance(x, dict):  # a task's grid: each (length, depth) cell
+                assert [(c["length"], c["depth"]) for c in x["cells"]] == \
+                    [(c["length"], c["depth"]) for c in y["cells"]]
+                for cx, cy in zip(x["cells"], y["cells"]):
+                    assert cx["exact"] == cy["exact"], key
+                    assert abs(cx["per_digit"] - cy["per_digit"]) <= 1e-6, key
+            else:  # a number, or the validation curve's [step, loss] pairs
+                np.testing.assert_allclose(np.asarray(x, float), np.asarray(y, float),
+                                           rtol=0, atol=1e-6, err_msg=key)
+        sep_train, _ = _losses(tmp_path / "sep" / a["run"])
+        pop_train, _ = _losses(tmp_path / "pop" / b["member_dir"])
+        assert sep_train.keys() == pop_train.keys() and sep_train
+        for s in sep_train:
+            assert abs(sep_train[s] - pop_train[s]) <= 1e-6, (b["run"], s)
