@@ -235,3 +235,37 @@ def test_early_stop_accuracy_stops_a_member_where_its_separate_run_stops(tmp_pat
     expected, got = losses(ref_dir), losses(member_dir(tmp_path / "pop", 1e-2, 0))
     assert sorted(got) == sorted(expected)
     assert max(abs(got[s] - expected[s]) for s in expected) <= 1e-6
+
+
+MESH_POPULATION = """
+import json, sys
+from tests.training.conftest import tiny_config
+from training import metrics, population
+over = {"train.eval_every": 4, "train.early_stop_patience": 1, "mesh.data": 2,
+        "mesh.fsdp": 2}
+population.train_population(tiny_config(**over), sys.argv[1], (0.0, 3e-3), (0, 1))
+"""
+
+
+@pytest.mark.slow  # a population on 4 simulated devices beside one on 1 (about 30 s)
+def test_population_on_a_mesh_parks_stopped_members_as_on_one_device(tmp_path):
+    # Members stacked over a data x fsdp mesh: the lr-0 members stop at step 8 and leave
+    # the step (their parked state keeps its layout); every member's losses are those of
+    # the same population on one device, within float32 rounding of the sharded sums.
+    import subprocess
+    import sys
+    from tests.training.conftest import ROOT, env
+    done = subprocess.run([sys.executable, "-c", MESH_POPULATION, str(tmp_path / "mesh")],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600,
+                          env=env(XLA_FLAGS="--xla_force_host_platform_device_count=4"))
+    assert done.returncode == 0, done.stderr
+    over = {"train.eval_every": 4, "train.early_stop_patience": 1}
+    population.train_population(tiny_config(**over), tmp_path / "one", (0.0, 3e-3), (0, 1))
+    for lr in (0.0, 3e-3):
+        for s in (0, 1):
+            got = losses(member_dir(tmp_path / "mesh", lr, s))
+            want = losses(member_dir(tmp_path / "one", lr, s))
+            assert sorted(got) == sorted(want) == list(range(1, 9 if lr == 0 else 13))
+            assert max(abs(got[k] - want[k]) / abs(want[k]) for k in want) <= 1e-5
+            assert [k for k, _ in evals(member_dir(tmp_path / "mesh", lr, s))] == \
+                [k for k, _ in evals(member_dir(tmp_path / "one", lr, s))]
