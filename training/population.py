@@ -31,6 +31,7 @@ import math
 import pathlib
 import signal
 import sys
+import time
 from typing import Any, NamedTuple, Sequence
 
 import jax
@@ -42,6 +43,21 @@ from training import (builders, checkpoint, config_tools, loop, metrics, model_s
 from training import step as step_fns
 
 POPULATION_FILE = "population.json"
+PARK_MODES = ("auto", "always", "never")
+
+
+def worth_parking(rows: int, training: int, steps_left: int, step_s: float | None,
+                  compile_s: float | None, margin: float = 2.0) -> bool:
+    """Whether a step of `training` rows instead of `rows` pays for its compilation:
+    taking the step's time as proportional to its rows (an upper bound on the saving
+    where the rows leave a GPU partly idle), the time saved, steps_left x step_s x
+    (rows - training) / rows, must exceed margin x compile_s. On a GPU a population's
+    step compiles in about a minute, so parking members with a few hundred steps left
+    would cost more than it saves; on a CPU it compiles in seconds. Not yet measured
+    (None): yes (at a start, the step compiles anyway)."""
+    if step_s is None or compile_s is None:
+        return True
+    return steps_left * step_s * (rows - training) / rows > margin * compile_s
 
 
 class Member(NamedTuple):
@@ -75,13 +91,18 @@ def make_members(config, workdir, lrs: Sequence[float],
 
 
 def train_population(config, workdir: str, lrs: Sequence[float], seeds: Sequence[int], *,
-                     stop_at: int | None = None) -> list[dict]:
+                     stop_at: int | None = None, park: str = "auto") -> list[dict]:
     """Trains (or resumes) the population in `workdir`; returns one result per member, in
     make_members' order: train.py's final eval metrics plus lr, seed, workdir and
     `status` ("done", "stopped early" or "diverged at step s").
 
     stop_at: after this many steps save and raise loop.Interrupted, as a SIGTERM would
-    (a kill at a known step, for tests)."""
+    (a kill at a known step, for tests).
+    park: whether members that stop leave the stacked step: "auto" where it pays for
+    compiling the smaller step (worth_parking), "always", or "never" (they stay in it,
+    frozen). The members' losses are the same either way."""
+    if park not in PARK_MODES:
+        raise config_tools.ConfigError(f"park: choose one of {PARK_MODES}, not {park!r}")
     config_tools.check_config(config)
     members = make_members(config, workdir, lrs, seeds)
     for m in members:  # a negative lr, say, is named as train.py names it
@@ -93,7 +114,8 @@ def train_population(config, workdir: str, lrs: Sequence[float], seeds: Sequence
                                        "one population per host instead")
     with jax.default_prng_impl(config.train.get("prng_impl", "threefry2x32")):
         try:
-            return _train_population(config, pathlib.Path(workdir), members, stop_at)
+            return _train_population(config, pathlib.Path(workdir), members, stop_at,
+                                     park)
         except (checkpoint.CheckpointSaveFailed, workdir_lock.WorkdirLocked,
                 workdir_tokenizer.TokenizerMismatch) as e:
             raise loop.TrainingError(str(e)) from e
@@ -279,7 +301,7 @@ def _member(tree, i: int):
 
 # ------------------------------------------------------------------------- the run
 def _train_population(config, workdir: pathlib.Path, members: list[Member],
-                      stop_at) -> list[dict]:
+                      stop_at, park: str) -> list[dict]:
     t_cfg = config.train
     lrs = sorted({m.lr for m in members})
     seeds = sorted({m.seed for m in members})
@@ -356,7 +378,7 @@ def _train_population(config, workdir: pathlib.Path, members: list[Member],
                           workdir, record, progress,
                           loop._Speed(config, model_cfg, n_params, start),
                           (lead(layout.params), lead(layout.opt_state),
-                           _leading(layout.replicated, mesh)))
+                           _leading(layout.replicated, mesh)), park)
         pop.run(start, stop, stop_at)
         return pop.finish()
 
@@ -384,7 +406,7 @@ class _Population:
     stop first. Each new member count compiles the step once."""
 
     def __init__(self, runs, datasets, t_cfg, train, evaluate, params, opt_state, rests,
-                 workdir, record, progress, speed, shardings):
+                 workdir, record, progress, speed, shardings, park: str):
         # shardings: the stacked params', opt_state's, and [M] arrays' (replicated).
         self.param_sharding, self.opt_sharding, self.member_sharding = shardings
         self.runs, self.datasets, self.t_cfg = runs, datasets, t_cfg
@@ -400,8 +422,15 @@ class _Population:
         self._eval_batches = None
         self.live = list(range(len(runs)))  # the member of each stacked row
         self.parked: dict[int, tuple] = {}  # member -> (params, opt_state), not training
+        self.park = park
+        # The step's cost at the current row count, for worth_parking: the wall time of
+        # its first call (compiling it) and of a step since then (measured at evaluations).
+        self.compile_s: float | None = None
+        self.step_s: float | None = None
+        self._new_shape = True
+        self._steady: tuple[float, int] | None = None  # (time, step) after the compile
         self._set_rows()
-        self._compact()
+        self._compact(steps_left=None)
 
     def _set_rows(self):
         """The per-row inputs of the step for the rows in self.live, placed as the step
@@ -420,10 +449,22 @@ class _Population:
         self.active = jax.device_put(np.asarray([self.runs[i].active for i in self.live]),
                                      self.member_sharding)
 
-    def _compact(self):
-        """Parks the stacked rows of members no longer training (while any still is)."""
+    def _compact(self, steps_left: int | None):
+        """Parks the stacked rows of members no longer training (while any still is) where
+        self.park says so; otherwise they stay in the step, frozen by its `active` mask.
+        steps_left None: a start, before the step has compiled."""
         keep = [row for row, i in enumerate(self.live) if self.runs[i].active]
         if not keep or len(keep) == len(self.live):
+            return
+        if self.park == "never":
+            worth = False
+        elif self.park == "always" or steps_left is None:
+            worth = True
+        else:
+            worth = worth_parking(len(self.live), len(keep), steps_left, self.step_s,
+                                  self.compile_s)
+        if not worth:
+            self._set_active()
             return
         for row, i in enumerate(self.live):
             if not self.runs[i].active:
@@ -435,6 +476,7 @@ class _Population:
                                         self.opt_sharding)
         self.live = [self.live[row] for row in keep]
         self._set_rows()
+        self._new_shape, self._steady, self.step_s = True, None, None
 
     def _member_state(self, i: int) -> tuple:
         """(params, opt_state) of member i, parked or stacked."""
@@ -478,11 +520,17 @@ class _Population:
             if not any(r.active for r in self.runs):
                 return
             was_active = [r.active for r in self.runs]  # by member
+            called = time.perf_counter()
             self.params, self.opt_state, m = self.train(
                 self.params, self.opt_state, self.rests, self._batches(s), self.slots,
                 self.index, self.active, self.base_keys, np.int32(s))
             self.active = m["active"]
             step = s + 1
+            if self._new_shape:  # this row count's first step: its compilation
+                jax.block_until_ready(m["loss"])
+                now = time.perf_counter()
+                self.compile_s, self._steady = now - called, (now, step)
+                self._new_shape = False
             for r, a in zip(self.runs, was_active):
                 if a:
                     r.step = step
@@ -502,6 +550,8 @@ class _Population:
                 self.flush(log_now=log_now)
             for r in self.runs:
                 r.saver.check()
+            if eval_now:
+                self._time_steps(step)
             evaluated = self._evaluate_for_early_stop(step) if eval_now else {}
             stopping = [r for r in evaluated if r.early.stopped]
             new_best = [r for r in evaluated
@@ -512,12 +562,19 @@ class _Population:
                 for i, r in enumerate(self.runs):
                     if r.diverged_at is None and r.step == step:
                         self._save(i, r, evaluated.get(r))
-            if eval_now:
-                self._compact()  # the stopped (and diverged) members leave the step
+            if eval_now:  # the stopped (and diverged) members leave the step, if it pays
+                self._compact(steps_left=t.steps - step)
             if signum is not None:
                 for r in self.runs:
                     r.saver.wait()
                 raise loop.Interrupted(signum, step)
+
+    def _time_steps(self, step: int) -> None:
+        """self.step_s: the mean wall time of the steps since this row count's first
+        (the metrics were just fetched, so they have run)."""
+        if self._steady is not None and step > self._steady[1]:
+            since, first = self._steady
+            self.step_s = (time.perf_counter() - since) / (step - first)
 
     def _save(self, i: int, r: _MemberRun, eval_loss: float | None = None) -> None:
         params, opt_state = self._member_state(i)

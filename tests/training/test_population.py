@@ -80,7 +80,7 @@ def test_early_stop_freezes_only_that_member(tmp_path):
     # patience 1 it stops at step 8; the lr 3e-3 member trains on to step 12.
     over = {"train.eval_every": 4, "train.early_stop_patience": 1}
     results = population.train_population(tiny_config(**over), tmp_path / "pop",
-                                          (0.0, 3e-3), (0,))
+                                          (0.0, 3e-3), (0,), park="never")
     stopped, going = results
     assert (stopped["status"], stopped["step"]) == ("stopped early", 8)
     assert (going["status"], going["step"]) == ("done", 12)
@@ -114,7 +114,7 @@ def test_stopped_member_leaves_the_step_and_a_resume_is_bitwise(tmp_path, monkey
     monkeypatch.setattr(population, "_compile", recording)
     over = {"train.eval_every": 4, "train.early_stop_patience": 1}
     whole = population.train_population(tiny_config(**over), tmp_path / "whole",
-                                        (0.0, 3e-3), (0,))
+                                        (0.0, 3e-3), (0,), park="always")
     assert rows_seen == [2] * 8 + [1] * 4
     ref_dir = tmp_path / "sep"
     loop.train(tiny_config(**over, **{"train.lr": 3e-3}), ref_dir)
@@ -125,9 +125,9 @@ def test_stopped_member_leaves_the_step_and_a_resume_is_bitwise(tmp_path, monkey
     rows_seen.clear()
     with pytest.raises(loop.Interrupted):
         population.train_population(tiny_config(**over), tmp_path / "cut", (0.0, 3e-3),
-                                    (0,), stop_at=10)
+                                    (0,), stop_at=10, park="always")
     resumed = population.train_population(tiny_config(**over), tmp_path / "cut",
-                                          (0.0, 3e-3), (0,))
+                                          (0.0, 3e-3), (0,), park="always")
     assert rows_seen == [2] * 8 + [1] * 2 + [1] * 2
     for lr in (0.0, 3e-3):
         assert losses(member_dir(tmp_path / "cut", lr, 0)) == \
@@ -136,6 +136,20 @@ def test_stopped_member_leaves_the_step_and_a_resume_is_bitwise(tmp_path, monkey
             evals(member_dir(tmp_path / "whole", lr, 0))
     assert [(r["status"], r["step"], r["eval_loss"]) for r in resumed] == \
         [(r["status"], r["step"], r["eval_loss"]) for r in whole]
+
+
+def test_parking_pays_for_its_compilation_or_is_not_done():
+    # 12 rows, 3 still training: 9/12 of each step's time saved over the steps left
+    assert population.worth_parking(12, 3, 1564, 0.12, 60.0)      # 141 s > 2 x 60 s
+    assert not population.worth_parking(12, 3, 1564, 0.1, 60.0)   # 117 s
+    assert not population.worth_parking(12, 9, 1564, 0.12, 60.0)  # 47 s
+    assert not population.worth_parking(12, 3, 391, 0.12, 60.0)   # 35 s
+    assert population.worth_parking(12, 3, 391, 0.12, 1.0)        # a CPU's compile
+    assert population.worth_parking(12, 3, 1, None, None)         # nothing measured yet
+    from training import config_tools
+    with pytest.raises(config_tools.ConfigError, match="park"):
+        population.train_population(tiny_config(), "/nonexistent", (1e-3,), (0,),
+                                    park="sometimes")
 
 
 def test_cli_freezes_a_diverging_member_and_prints_the_table(full_population, tmp_path):
