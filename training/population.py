@@ -717,7 +717,7 @@ def _main(argv):
     except ValueError as e:
         sys.exit(f"error: --lrs takes numbers and --seeds integers, comma-separated ({e})")
     try:
-        results = train_population(f.config, f.workdir, lrs, seeds)
+        results = train_population(f.config, f.workdir, lrs, seeds, park=f.park)
     except loop.Interrupted as e:
         print(f"{e}; checkpoints saved. Run the same command to resume.", file=sys.stderr)
         sys.exit(128 + e.signum)
@@ -732,6 +732,9 @@ if __name__ == "__main__":
     import train as train_cli  # its --workdir and --config, and their checks
     flags.DEFINE_string("lrs", None, "Comma-separated learning rates, e.g. 1e-3,3e-3.")
     flags.DEFINE_string("seeds", "0", "Comma-separated seeds, e.g. 0,1,2.")
+    flags.DEFINE_enum("park", "auto", list(PARK_MODES),
+                      "Whether members that stop leave the stacked step: where it pays "
+                      "for compiling the smaller step (auto), always, or never.")
     train_cli._define_config_flag()
     train_cli.precheck_argv(sys.argv)
     flags.mark_flags_as_required(["workdir", "lrs"])
