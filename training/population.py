@@ -17,9 +17,9 @@ they read a run, and a member can even be carried on alone by train.py. All memb
 still train are saved at the same steps (when any one of them has to save), so a killed
 population resumes from one step that every member has. A member that stops early, or
 whose loss or parameters become non-finite, is frozen (its update masked off inside the
-step) while the others go on, and leaves the stacked step at the next evaluation (its
-state kept apart, so the step computes only members still training); a non-finite
-member is not saved after its last finite checkpoint (as train.py stops without saving)
+step) while the others go on, and leaves the stacked step at the next evaluation where
+that saves more than compiling the smaller step costs (`park`; its state kept apart, so
+the step computes only members still training); a non-finite member is not saved after its last finite checkpoint (as train.py stops without saving)
 and is recorded in WORKDIR/population.json so that a resume leaves it out.
 """
 from __future__ import annotations
@@ -399,11 +399,11 @@ class _Silent:
 class _Population:
     """The stacked state and the loop over steps: loop._run_steps for M members.
 
-    The stacked arrays hold only the members still training (`live`, in member order):
-    a member that stops early or diverges is parked (its state kept apart) at the next
-    evaluation, so that the step stops computing it; a frozen member inside the step
-    would cost as much as a training one, and in a sweep the members of the best lrs
-    stop first. Each new member count compiles the step once."""
+    The stacked arrays hold the members in `live` (member order): a member that stops
+    early or diverges is parked (its state kept apart) at the next evaluation where
+    `park` and worth_parking say so, so that the step stops computing it; a frozen
+    member inside the step costs as much as a training one, and in a sweep the members
+    of the best lrs stop first. Each new member count compiles the step once."""
 
     def __init__(self, runs, datasets, t_cfg, train, evaluate, params, opt_state, rests,
                  workdir, record, progress, speed, shardings, park: str):
@@ -417,7 +417,8 @@ class _Population:
         self.progress, self.speed = progress, speed
         self.all_base_keys = jnp.stack([r.steps.base_key for r in runs])
         self.seeds = sorted(datasets)
-        self.all_slots = np.asarray([self.seeds.index(r.member.seed) for r in runs], np.int32)
+        self.all_slots = np.asarray([self.seeds.index(r.member.seed) for r in runs],
+                                    np.int32)
         self.pending: list[tuple[int, list[bool], list[int], Any]] = []
         self._eval_batches = None
         self.live = list(range(len(runs)))  # the member of each stacked row

@@ -32,8 +32,12 @@ def main(path):
         row = []
         for lr in lrs:
             iv = ivs.get(lr)
-            text = "-" if iv is None else (
-                f"{iv.mean:.4f} [{iv.lo:.4f}, {iv.hi:.4f}]" if iv.decided else f"{iv.mean:.4f}")
+            if iv is None:
+                text = "-"
+            elif iv.decided:
+                text = f"{iv.mean:.4f} [{iv.lo:.4f}, {iv.hi:.4f}]"
+            else:
+                text = f"{iv.mean:.4f}"
             row.append(f"**{text}**" if lr == best else text)
         seeds = " / ".join(f"{by_lr[best][s]:.4f}" for s in sorted(by_lr[best]))
         wall = ", ".join(f"{w} ({m})" for w, m in sorted(walls[key], key=lambda x: -x[1]))
