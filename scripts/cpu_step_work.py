@@ -5,12 +5,17 @@ is the work a step does whatever else runs on the machine (wall-clock timings on
     python scripts/cpu_step_work.py [--config configs/mqar.py] [--steps 20] \\
         model.mixer=gated_deltanet [model.chunk_size=32 ...]
 
+    python scripts/cpu_step_work.py --variant "model.mixer=softmax" \\
+        --variant "model.mixer=gated_deltanet" [--rounds 8]
+
 Prints CPU milliseconds per step (the mean over --steps calls after 3 warm-up calls) and
 the CPU seconds of compiling the step; with --profile N, also the N op kinds (XLA thunks,
 named by their HLO instruction less its number) that took the most time a step, from a
-jax.profiler trace of the timed steps. The step is eval.speed's, i.e. the one
-train.py runs (training.step.make_train_step, with the config's mesh, optimizer and
-precision), on the config's own batches.
+jax.profiler trace of the timed steps. The step is eval.speed's, i.e. the one train.py
+runs (training.step.make_train_step, with the config's mesh, optimizer and precision), on
+the config's own batches. With --variant (repeated), the override sets are compiled in one
+process and timed round-robin, --rounds times: their medians compare within a few percent,
+where the same config in separate processes differs by up to 20%.
 """
 from __future__ import annotations
 
@@ -26,6 +31,7 @@ import contextlib  # noqa: E402
 import gzip  # noqa: E402
 import json  # noqa: E402
 import re  # noqa: E402
+import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import importlib.util  # noqa: E402
 import pathlib  # noqa: E402
@@ -35,6 +41,7 @@ import time  # noqa: E402
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 import jax  # noqa: E402
+import tqdm  # noqa: E402
 
 from eval import speed  # noqa: E402
 from training import builders, config_tools, host_memory  # noqa: E402
@@ -64,47 +71,90 @@ def print_top_ops(trace_dir: pathlib.Path, steps: int, top: int) -> None:
         print(f"{us / steps / 1e3:8.2f} ms {count[name] / steps:7.1f}x  {name}")
 
 
+def apply_overrides(config, overrides):
+    for item in overrides:
+        key, value = item.split("=", 1)
+        section, name = key.split(".", 1)
+        old = config[section][name]
+        config[section][name] = (value == "True") if isinstance(old, bool) else type(old)(value)
+    config_tools.check_config(config)
+    return config
+
+
+class CompiledStep:
+    """A config's compiled train step on its first batch, run `steps` times per call on
+    the parameters it last returned (the CPU time of a call is the measurement)."""
+
+    def __init__(self, config):
+        dataset = builders.build_dataset(config)
+        steps, params, opt_state, batch_sh = speed.jitted_train_step(config, dataset)
+        self.data = shd.global_batch(dataset.batch(0, config.train.batch_size), batch_sh)
+        self.key = (steps.key(0), steps.feature_key(0))
+        t0 = time.process_time()
+        self.compiled = steps.train.lower(params, opt_state, self.data, *self.key).compile()
+        self.compile_s = time.process_time() - t0
+        self.state = (params, opt_state)
+        self.metrics = None
+        self(3)  # warm-up
+
+    def __call__(self, steps: int) -> float:
+        """Runs `steps` steps; returns their CPU milliseconds a step."""
+        params, opt_state = self.state
+        t0 = time.process_time()
+        for _ in range(steps):
+            params, opt_state, self.metrics = self.compiled(params, opt_state, self.data,
+                                                            *self.key)
+        jax.block_until_ready(self.metrics)
+        self.state = (params, opt_state)
+        return (time.process_time() - t0) / steps * 1e3
+
+
+def compare(config_path: str, variants: list[str], steps: int, rounds: int) -> None:
+    """Round-robin: every variant's `steps` steps in turn, `rounds` times, in this one
+    process, so a slow spell of the machine (CPU time swings ~20% between processes on a
+    shared 2-core machine) falls on all of them alike; prints the median and range."""
+    runs = {v: CompiledStep(apply_overrides(load_config(config_path), v.split()))
+            for v in variants}
+    times = {v: [] for v in variants}
+    for _ in tqdm.trange(rounds, desc="rounds"):
+        for v in variants:
+            times[v].append(runs[v](steps))
+    base = statistics.median(times[variants[0]])
+    for v in variants:
+        ms = statistics.median(times[v])
+        print(f"{ms:7.1f} CPU ms/step ({ms / base:.2f}x; range {min(times[v]):.1f}-"
+              f"{max(times[v]):.1f}), compile {runs[v].compile_s:.1f} CPU s  {v or 'defaults'}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--config", default="configs/mqar.py")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--profile", type=int, default=0,
                     help="also print the N op kinds taking the most time a step")
+    ap.add_argument("--variant", action="append", default=[],
+                    help="a set of space-separated KEY=VALUE overrides; repeated: compare "
+                         "them round-robin in this process (the first is the base)")
+    ap.add_argument("--rounds", type=int, default=8, help="rounds of --variant comparison")
     ap.add_argument("overrides", nargs="*", help="KEY=VALUE, as train.py's --config.KEY")
     args = ap.parse_args(argv)
     host_memory.keep_freed_memory()  # as train.py does
-    config = load_config(args.config)
-    for item in args.overrides:
-        key, value = item.split("=", 1)
-        section, name = key.split(".", 1)
-        old = config[section][name]
-        config[section][name] = (value == "True") if isinstance(old, bool) else type(old)(value)
-    config_tools.check_config(config)
-    batch, seq_len = config.train.batch_size, config.data.seq_len
-    dataset = builders.build_dataset(config)
-    steps, params, opt_state, batch_sh = speed.jitted_train_step(config, dataset)
-    step = steps.train
-    data = shd.global_batch(dataset.batch(0, batch), batch_sh)
-    key = (steps.key(0), steps.feature_key(0))
-    t0 = time.process_time()
-    compiled = step.lower(params, opt_state, data, *key).compile()
-    compile_s = time.process_time() - t0
-    for _ in range(3):
-        params, opt_state, metrics = compiled(params, opt_state, data, *key)
-    jax.block_until_ready(metrics)
+    if args.variant:
+        if args.overrides or args.profile:
+            ap.error("--variant compares whole override sets: give no other overrides "
+                     "or --profile")
+        compare(args.config, args.variant, args.steps, args.rounds)
+        return
+    run = CompiledStep(apply_overrides(load_config(args.config), args.overrides))
     with tempfile.TemporaryDirectory() as trace_dir:
         tracing = (jax.profiler.trace(trace_dir, create_perfetto_trace=True)
                    if args.profile else contextlib.nullcontext())
         with tracing:
-            t0 = time.process_time()
-            for _ in range(args.steps):
-                params, opt_state, metrics = compiled(params, opt_state, data, *key)
-            jax.block_until_ready(metrics)
-            ms = (time.process_time() - t0) / args.steps * 1e3
+            ms = run(args.steps)
         if args.profile:
             print_top_ops(pathlib.Path(trace_dir), args.steps, args.profile)
     print(f"{' '.join(args.overrides) or 'defaults'}: {ms:.1f} CPU ms/step, compile "
-          f"{compile_s:.1f} CPU s, loss {float(metrics['loss']):.4f}")
+          f"{run.compile_s:.1f} CPU s, loss {float(run.metrics['loss']):.4f}")
 
 
 if __name__ == "__main__":
