@@ -16,6 +16,8 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from training.step import token_losses
+
 
 STEP_HELP = ("Which checkpoint: 'latest' (the newest that passes its checks), 'best' "
              "(the kept step with the lowest eval loss) or a step number.")
@@ -92,16 +94,13 @@ def token_stats_fn(logits_fn: Callable[..., jax.Array]):
         seg = batch.get("segment_ids")
         logits = logits_fn(batch["inputs"], seg)
         nll, correct = _token_stats(logits, jnp.asarray(batch["targets"], jnp.int32))
-        return np.asarray(nll, np.float64), np.asarray(correct)
+        return np.asarray(nll, np.float64), np.asarray(correct) > 0
 
     return stats
 
 
-@jax.jit
-def _token_stats(logits, targets):
-    logp = jax.nn.log_softmax(logits, axis=-1)
-    nll = -jnp.take_along_axis(logp, targets[..., None], axis=-1)[..., 0]
-    return nll, jnp.argmax(logits, axis=-1) == targets
+# Evaluation scores each token as the training loss does (float32 cross-entropy, argmax).
+_token_stats = jax.jit(token_losses)
 
 
 def user_errors(main):

@@ -24,7 +24,7 @@ from training import sharding as shd
 LOSS_CHUNK_LOGITS = 1 << 26
 
 
-def _token_losses(logits, targets):
+def token_losses(logits, targets):
     """(cross-entropy, 1.0 where the argmax is the target) per token, float32."""
     logits = logits.astype(jnp.float32)
     nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
@@ -34,7 +34,7 @@ def _token_losses(logits, targets):
 
 def _masked_sums(logits, targets, mask):
     """(sum of masked cross-entropies, number of masked tokens, number correct)."""
-    nll, correct = _token_losses(logits, targets)
+    nll, correct = token_losses(logits, targets)
     return jnp.sum(nll * mask), jnp.sum(mask), jnp.sum(correct * mask)
 
 
@@ -96,7 +96,7 @@ def _chunked_sums(logits_of, x, targets, mask, width: int):
     @jax.checkpoint
     def piece(args):
         xp, tp, mp = args
-        nll, correct = _token_losses(logits_of(xp), tp)
+        nll, correct = token_losses(logits_of(xp), tp)
         return jnp.sum(nll * mp), jnp.sum(correct * mp)
 
     nll, correct = jax.lax.map(piece, (split(x), split(targets), split(mask)))
