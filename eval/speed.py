@@ -20,6 +20,7 @@ import numpy as np
 from eval import generate as gen
 from training import builders, config_tools, model_state, runtime
 from training import sharding as shd
+from training import step as step_fns
 
 
 def at_shape(config, batch: int, seq_len: int):
@@ -39,8 +40,8 @@ def jitted_train_step(config, dataset):
     model_cfg = builders.build_model_config(config, dataset)
     model, layout = runtime.describe_model(config, model_cfg, mesh)
     params, opt_state, rest = runtime.init_fresh(model, layout)
-    steps = runtime.compile_steps(model, rest, layout, config.train, mesh, dataset.packed,
-                                  dataset.targets_per_row)
+    steps = runtime.compile_steps(model, rest, layout, config.train, mesh,
+                                  step_fns.Rows.of(dataset))
     return steps, params, opt_state, layout.batch
 
 

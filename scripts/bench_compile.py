@@ -15,10 +15,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import pathlib
 import statistics
 import subprocess
 import sys
 import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
 
 
 def one(mixer: str, layers: int, scan: bool, d_model: int, seq_len: int,
@@ -27,7 +30,7 @@ def one(mixer: str, layers: int, scan: bool, d_model: int, seq_len: int,
     import numpy as np
 
     from models import ModelConfig
-    from training import config_tools, runtime
+    from training import config_tools, runtime, step
     from training import sharding as shd
 
     start = time.perf_counter()
@@ -48,7 +51,7 @@ def one(mixer: str, layers: int, scan: bool, d_model: int, seq_len: int,
     params, opt_state, rest = runtime.init_fresh(model, layout)
     jax.block_until_ready(params)
     phase("lower")
-    steps = runtime.compile_steps(model, rest, layout, config.train, mesh, packed=True)
+    steps = runtime.compile_steps(model, rest, layout, config.train, mesh, step.Rows())
     zeros = np.zeros((batch, seq_len), np.int32)
     host = {"inputs": zeros, "targets": zeros, "segment_ids": zeros,
             "mask": np.ones((batch, seq_len), np.float32)}

@@ -361,7 +361,7 @@ def _run(config, workdir: pathlib.Path) -> dict:
                       shd.batch_sharding(mesh))
     report = {"teacher": teacher.source, "mixer": c.mixer, "loss": c.loss,
               "converted_layers": converted, "student_layers": scfg.layer_mixers()}
-    teacher_eval = jax.jit(step_fns.make_eval_step(T.parts, packed))
+    teacher_eval = jax.jit(step_fns.make_eval_step(T.parts, step_fns.Rows(packed)))
     report["teacher_eval"] = loop._evaluate(teacher_eval, tparams, feed, 0)
     batches = int(c.report_batches)
 
@@ -438,7 +438,7 @@ def _stage1(config, workdir, S: _Described, T: _Described, first: dict, trainabl
                         in_shardings=(S.shardings, opt_sh, shd.batch_sharding(mesh), repl,
                                       repl, t_sh),
                         out_shardings=(S.shardings, opt_sh, repl), donate_argnums=(0, 1))
-        ev = jax.jit(step_fns.make_eval_step(S.parts, packed))
+        ev = jax.jit(step_fns.make_eval_step(S.parts, step_fns.Rows(packed)))
         return runtime.Steps(lambda p, o, b, r, f: train(p, o, b, r, f, tparams), ev,
                              jax.random.key(int(config.train.seed)),
                              int(config.model.performer_redraw_every))
@@ -476,7 +476,7 @@ def _stage2(config, workdir, S: _Described, start: dict, c, stage1_trainable, sc
         spec = _Spec("stage 2 (fine-tuning, all parameters)", config, workdir, _cfg(config),
                      _placed(S.abstract, S.shardings), opt, S.shapes, tx, schedule, fresh,
                      lambda: runtime.compile_steps(model, S.parts.rest, layout, t_cfg, mesh,
-                                                   packed))
+                                                   step_fns.Rows(packed)))
         result, params = _run_stage(spec, dataset, mesh)
         return params, result, lambda p: p
 
@@ -524,7 +524,7 @@ def _stage2(config, workdir, S: _Described, start: dict, c, stage1_trainable, sc
                         in_shardings=(shardings, opt_sh, shd.batch_sharding(mesh), repl,
                                       repl, None),
                         out_shardings=(shardings, opt_sh, repl), donate_argnums=(0, 1))
-        ev_inner = step_fns.make_eval_step(S.parts, packed)
+        ev_inner = step_fns.make_eval_step(S.parts, step_fns.Rows(packed))
         ev = jax.jit(lambda p, b: ev_inner(merge(p), b))
         return runtime.Steps(lambda p, o, b, r, f: train(p, o, b, r, f, None), ev,
                              jax.random.key(int(t_cfg.seed)),

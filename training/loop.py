@@ -31,6 +31,7 @@ import numpy as np
 from training import (builders, checkpoint, config_tools, flops, metrics, model_state,
                       param_layout, runtime, workdir_lock, workdir_tokenizer)
 from training import sharding as shd
+from training import step as step_fns
 
 
 class TrainingError(RuntimeError):
@@ -93,8 +94,8 @@ def _train(config, workdir: str) -> dict[str, Any]:
         if is_main:
             config_tools.save_config(config, workdir)
         start = state.step
-        steps = runtime.compile_steps(model, rest, layout, t_cfg, mesh, dataset.packed,
-                                      dataset.targets_per_row)
+        steps = runtime.compile_steps(model, rest, layout, t_cfg, mesh,
+                                      step_fns.Rows.of(dataset))
 
         n_params = model_state.num_params(model.shapes)
         banner = _banner(n_params, model_cfg, mesh, start)

@@ -229,8 +229,8 @@ def _leading(sharding, mesh):
     return jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(None, *spec))
 
 
-def _compile(model: runtime.Model, layout: runtime.Layout, t_cfg, mesh, packed: bool,
-             targets_per_row: int | None, schedules: list):
+def _compile(model: runtime.Model, layout: runtime.Layout, t_cfg, mesh,
+             rows: step_fns.Rows, schedules: list):
     """(train, eval): the train step vmapped over members,
     train(params, opt_state, rests, batches, slots, index, active, base_keys, step) ->
     (params, opt_state, metrics with "active"), and eval(params, rests, batch) -> [M, 3]
@@ -262,8 +262,7 @@ def _compile(model: runtime.Model, layout: runtime.Layout, t_cfg, mesh, packed: 
         tx, _ = optim.make_optimizer(t_cfg, model.params, model.logical, schedule=schedule)
         parts = model_state.ModelParts(model.graphdef, model.template, rest, model.names,
                                        model.logical, model.shapes)
-        step = step_fns.make_train_step(parts, tx, t_cfg.grad_accum, mesh, packed,
-                                        targets_per_row)
+        step = step_fns.make_train_step(parts, tx, t_cfg.grad_accum, mesh, rows)
         new_params, new_opt, m = step(params, opt_state, batch, *keys)
         # A frozen member (stopped early, or non-finite now or before) keeps its state:
         # where() passes an active member's new values through bit for bit.
@@ -275,7 +274,7 @@ def _compile(model: runtime.Model, layout: runtime.Layout, t_cfg, mesh, packed: 
     def member_eval(params, rest, batch):
         parts = model_state.ModelParts(model.graphdef, model.template, rest, model.names,
                                        model.logical, model.shapes)
-        step = step_fns.make_eval_step(parts, packed, targets_per_row)
+        step = step_fns.make_eval_step(parts, rows)
         return jnp.stack(step(params, batch))
 
     train = jax.jit(jax.vmap(member_step, in_axes=(0, 0, 0, None, 0, 0, 0, 0, None)),
@@ -313,8 +312,7 @@ def _train_population(config, workdir: pathlib.Path, members: list[Member],
     described = [runtime.describe_model(m.config, model_cfg, mesh) for m in members]
     models = [d[0] for d in described]
     layout = described[0][1]
-    packed = datasets[members[0].seed].packed
-    targets_per_row = datasets[members[0].seed].targets_per_row
+    rows = step_fns.Rows.of(datasets[members[0].seed])
     new_early = loop.early_stop_rule(t_cfg)
     keep_best = bool(t_cfg.get("keep_best", True))
     n_params = model_state.num_params(models[0].shapes)
@@ -347,8 +345,7 @@ def _train_population(config, workdir: pathlib.Path, members: list[Member],
                 m.workdir, mode="disabled", project="", name="", config={}), _Silent())
             saver = loop._Saver(ckpt, m.config, last_saved=st.step if meta else None,
                                 keep_best=keep_best)
-            steps = runtime.compile_steps(model, rest, layout, m.config.train, mesh, packed,
-                                          targets_per_row)
+            steps = runtime.compile_steps(model, rest, layout, m.config.train, mesh, rows)
             run = _MemberRun(m, st.early, st.step, meta is not None, saver, sinks, steps,
                              model.schedule)
             run.diverged_at = record["diverged"].get(member_name(m.lr, m.seed))
@@ -363,7 +360,7 @@ def _train_population(config, workdir: pathlib.Path, members: list[Member],
                                    lead(layout.opt_state))
         rests = jax.device_put(_stack(rests), _leading(layout.replicated, mesh))
         del states, restored
-        train, evaluate = _compile(models[0], layout, t_cfg, mesh, packed, targets_per_row,
+        train, evaluate = _compile(models[0], layout, t_cfg, mesh, rows,
                                    [model.schedule for model in models])
         going = [r.step for r in runs if r.active]
         start = min(going) if going else t_cfg.steps

@@ -107,22 +107,22 @@ class Steps(NamedTuple):
         return jax.random.fold_in(self.base_key, step // max(self.redraw_every, 1))
 
 
-def compile_steps(model: Model, rest, layout: Layout, t_cfg, mesh, packed: bool,
-                  targets_per_row: int | None = None) -> Steps:
+def compile_steps(model: Model, rest, layout: Layout, t_cfg, mesh,
+                  rows: step_fns.Rows) -> Steps:
     """Explicit shardings in and out; the train step donates parameters and optimizer
-    state, so a step needs memory for one copy of them. packed: the data's rows may hold
-    several documents (data.Dataset.packed): only then does the model get segment ids.
-    targets_per_row: data.Dataset.targets_per_row (logits only at the loss's positions)."""
+    state, so a step needs memory for one copy of them. rows: the data's
+    (step.Rows.of(dataset)): segment ids only for packed rows, logits only at the loss's
+    positions."""
     parts = model_state.ModelParts(model.graphdef, model.template, rest, model.names,
                                    model.logical, model.shapes)
     train_step = jax.jit(_on_mesh(step_fns.make_train_step(parts, model.tx, t_cfg.grad_accum,
-                                                           mesh, packed, targets_per_row),
+                                                           mesh, rows),
                                   mesh),
                          in_shardings=(layout.params, layout.opt_state, layout.batch,
                                        layout.replicated, layout.replicated),
                          out_shardings=(layout.params, layout.opt_state, layout.replicated),
                          donate_argnums=(0, 1))
-    eval_step = jax.jit(_on_mesh(step_fns.make_eval_step(parts, packed, targets_per_row), mesh),
+    eval_step = jax.jit(_on_mesh(step_fns.make_eval_step(parts, rows), mesh),
                         in_shardings=(layout.params, layout.batch),
                         out_shardings=layout.replicated)
     return Steps(train_step, eval_step, jax.random.key(int(t_cfg.seed)), model.redraw_every)

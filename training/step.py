@@ -9,6 +9,8 @@ A batch is a dict of [batch, seq] arrays: "inputs", "targets", "segment_ids" and
 """
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import optax
@@ -103,8 +105,25 @@ def _chunked_sums(logits_of, x, targets, mask, width: int):
     return jnp.sum(nll), jnp.sum(correct)
 
 
+@dataclasses.dataclass(frozen=True)
+class Rows:
+    """What the loss needs to know of the data's rows (data.Dataset's properties).
+
+    packed: a row may hold several documents; the model is given the batch's segment_ids
+      only then (every linear op runs its unsegmented kernel otherwise).
+    targets_per_row: at most this many positions of a row carry loss (None: any number);
+      the logits are then formed only there (loss_sums).
+    """
+    packed: bool = True
+    targets_per_row: int | None = None
+
+    @classmethod
+    def of(cls, dataset) -> "Rows":
+        return cls(bool(dataset.packed), dataset.targets_per_row)
+
+
 def make_train_step(parts: model_state.ModelParts, tx, grad_accum: int, mesh,
-                    packed: bool = True, targets_per_row: int | None = None):
+                    rows: Rows = Rows()):
     """One optimizer update, as a pure function to jit.
 
     Args:
@@ -114,10 +133,7 @@ def make_train_step(parts: model_state.ModelParts, tx, grad_accum: int, mesh,
       grad_accum: microbatches per step; the batch's leading dimension must divide by it.
         The gradient equals that of the whole batch at once.
       mesh: the jax.sharding.Mesh; microbatches stay split over its batch axes.
-      packed: the data's rows may hold several documents (data.Dataset.packed): the
-        model is given the batch's segment_ids only then.
-      targets_per_row: the data's bound on loss positions per row
-        (data.Dataset.targets_per_row): logits only there (loss_sums).
+      rows: the data's Rows (Rows.of(dataset)).
 
     Returns:
       step(params, opt_state, batch, rng, feature_rng) -> (params, opt_state, metrics),
@@ -132,8 +148,8 @@ def make_train_step(parts: model_state.ModelParts, tx, grad_accum: int, mesh,
         # The model is merged inside its own jit (inlined by XLA): NNX lets a model mutate
         # Variables (RNG counters, remat's write-back) only in the trace that created them.
         rest = model_state.rekey(parts.rest, rng, feature_rng)
-        s, n, c = loss_sums(parts.merge(p, rest), batch, deterministic=False, packed=packed,
-                            targets_per_row=targets_per_row)
+        s, n, c = loss_sums(parts.merge(p, rest), batch, deterministic=False,
+                            packed=rows.packed, targets_per_row=rows.targets_per_row)
         return s, (n, c)
     summed_grad = jax.value_and_grad(jax.jit(summed), has_aux=True)
 
@@ -180,11 +196,10 @@ def make_train_step(parts: model_state.ModelParts, tx, grad_accum: int, mesh,
     return step
 
 
-def make_eval_step(parts: model_state.ModelParts, packed: bool = True,
-                   targets_per_row: int | None = None):
-    """step(params, batch) -> loss_sums of the model at `params`, without dropout (packed
-    and targets_per_row as make_train_step's)."""
+def make_eval_step(parts: model_state.ModelParts, rows: Rows = Rows()):
+    """step(params, batch) -> loss_sums of the model at `params`, without dropout, on data
+    of these Rows."""
     def step(params, batch):
-        return loss_sums(parts.merge(params), batch, deterministic=True, packed=packed,
-                         targets_per_row=targets_per_row)
+        return loss_sums(parts.merge(params), batch, deterministic=True, packed=rows.packed,
+                         targets_per_row=rows.targets_per_row)
     return step

@@ -64,7 +64,8 @@ def test_train_step_uses_the_period_draw_in_every_microbatch():
     model, layout = runtime.describe_model(
         config, builders.build_model_config(config, dataset), mesh)
     params, opt_state, rest = runtime.init_fresh(model, layout)
-    steps = runtime.compile_steps(model, rest, layout, config.train, mesh, dataset.packed)
+    steps = runtime.compile_steps(model, rest, layout, config.train, mesh,
+                                  step_fns.Rows.of(dataset))
     host = dataset.batch(0, config.train.batch_size)
     batch = shd.global_batch(host, layout.batch)
     got = []
