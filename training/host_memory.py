@@ -29,8 +29,9 @@ _M_MMAP_THRESHOLD = -3
 def keep_freed_memory(mmap_threshold: int = 256 << 20,
                       trim_threshold: int = 512 << 20, top_pad: int = 64 << 20) -> bool:
     """Serve blocks up to mmap_threshold bytes from the heap, keep up to trim_threshold
-    freed bytes mapped, and top_pad bytes free at every heap's top (glibc's mallopt). Returns whether it applied:
-    False off Linux or without glibc (musl, other allocators), where nothing changes.
+    freed bytes mapped, and top_pad bytes free at every heap's top (glibc's mallopt).
+    Returns whether it applied: False off Linux or without glibc (musl, other
+    allocators), where nothing changes.
     Call it at process start, before the large allocations."""
     if not sys.platform.startswith("linux"):
         return False
