@@ -9,7 +9,8 @@ import pytest
 PROGRAM = textwrap.dedent("""
     import ctypes, resource, sys, threading
     from training import host_memory
-    mode, count, kib, in_thread = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4] == "1"
+    mode, count, kib = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    in_thread = sys.argv[4] == "1"
     applied = False
     if mode == "all":
         applied = host_memory.keep_freed_memory()
