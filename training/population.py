@@ -19,8 +19,9 @@ population resumes from one step that every member has. A member that stops earl
 whose loss or parameters become non-finite, is frozen (its update masked off inside the
 step) while the others go on, and leaves the stacked step at the next evaluation where
 that saves more than compiling the smaller step costs (`park`; its state kept apart, so
-the step computes only members still training); a non-finite member is not saved after its last finite checkpoint (as train.py stops without saving)
-and is recorded in WORKDIR/population.json so that a resume leaves it out.
+the step computes only members still training); a non-finite member is not saved after
+its last finite checkpoint (as train.py stops without saving) and is recorded in
+WORKDIR/population.json so that a resume leaves it out.
 """
 from __future__ import annotations
 
@@ -425,8 +426,8 @@ class _Population:
         # its first call (compiling it) and of a step since then (measured at evaluations).
         self.compile_s: float | None = None
         self.step_s: float | None = None
-        self._new_shape = True
-        self._steady: tuple[float, int] | None = None  # (time, step) after the compile
+        # (time, step) at the end of this row count's first step; None until it has run
+        self._steady: tuple[float, int] | None = None
         self._set_rows()
         self._compact(steps_left=None)
 
@@ -474,7 +475,7 @@ class _Population:
                                         self.opt_sharding)
         self.live = [self.live[row] for row in keep]
         self._set_rows()
-        self._new_shape, self._steady, self.step_s = True, None, None
+        self._steady, self.step_s = None, None
 
     def _member_state(self, i: int) -> tuple:
         """(params, opt_state) of member i, parked or stacked."""
@@ -524,11 +525,10 @@ class _Population:
                 self.index, self.active, self.base_keys, np.int32(s))
             self.active = m["active"]
             step = s + 1
-            if self._new_shape:  # this row count's first step: its compilation
+            if self._steady is None:  # this row count's first step: its compilation
                 jax.block_until_ready(m["loss"])
                 now = time.perf_counter()
                 self.compile_s, self._steady = now - called, (now, step)
-                self._new_shape = False
             for r, a in zip(self.runs, was_active):
                 if a:
                     r.step = step
@@ -570,7 +570,7 @@ class _Population:
     def _time_steps(self, step: int) -> None:
         """self.step_s: the mean wall time of the steps since this row count's first
         (the metrics were just fetched, so they have run)."""
-        if self._steady is not None and step > self._steady[1]:
+        if step > self._steady[1]:
             since, first = self._steady
             self.step_s = (time.perf_counter() - since) / (step - first)
 
