@@ -257,7 +257,8 @@ from tests.training.conftest import tiny_config
 from training import metrics, population
 over = {"train.eval_every": 4, "train.early_stop_patience": 1, "mesh.data": 2,
         "mesh.fsdp": 2}
-population.train_population(tiny_config(**over), sys.argv[1], (0.0, 3e-3), (0, 1))
+population.train_population(tiny_config(**over), sys.argv[1], (0.0, 3e-3), (0, 1),
+                            park="always")
 """
 
 
@@ -274,7 +275,8 @@ def test_population_on_a_mesh_parks_stopped_members_as_on_one_device(tmp_path):
                           env=env(XLA_FLAGS="--xla_force_host_platform_device_count=4"))
     assert done.returncode == 0, done.stderr
     over = {"train.eval_every": 4, "train.early_stop_patience": 1}
-    population.train_population(tiny_config(**over), tmp_path / "one", (0.0, 3e-3), (0, 1))
+    population.train_population(tiny_config(**over), tmp_path / "one", (0.0, 3e-3), (0, 1),
+                                park="always")
     for lr in (0.0, 3e-3):
         for s in (0, 1):
             got = losses(member_dir(tmp_path / "mesh", lr, s))
