@@ -76,22 +76,22 @@ def segsum(g):
     """L[..., t, s] = sum of g[..., r] for s < r <= t (0 on and above the diagonal).
 
     Summing only the terms inside (s, t] rather than subtracting two cumulative sums keeps
-    exp(L) accurate when a very negative log-decay sits elsewhere in the sequence. The sums
-    over t are one matmul with a lower triangular matrix of ones (XLA's CPU cumsum is a
-    reduce-window: fwd+bwd 1.2 ms against 0.8 at B32 H2 C64) over the finite terms only,
-    since 0 * -inf would be NaN: a pair whose span holds a non-finite term (-inf, a hard
-    reset) takes that term's value instead (the last one's, if several).
+    exp(L) accurate when a very negative log-decay sits elsewhere in the sequence; -inf
+    (a hard reset) and NaN reach exactly the spans that hold them, as in a plain sum.
+    The sums run down t over x[t', s] = g_t' (t' > s) as log2(C) shifted adds
+    (Hillis-Steele prefix sums): elementwise passes that XLA fuses, C / log2(C) times
+    less work than a matmul with a triangular matrix of ones (which also needs a patch
+    for 0 * -inf); XLA's CPU cumsum is a reduce-window, slower than both
+    (docs/benchmarks.md, session 24).
     """
     c = g.shape[-1]
-    strictly_lower = jnp.tril(jnp.ones((c, c), bool), -1)
-    finite = jnp.isfinite(g)
-    # x[t', s] = g_t' for t' > s (finite terms), L = cumsum over t' = tril(ones) @ x
-    x = jnp.where(strictly_lower & finite[..., :, None], g[..., :, None], 0.0)
-    total = einsum("tr,...rs->...ts", jnp.tril(jnp.ones((c, c), g.dtype)), x)
-    pos = jnp.arange(c)
-    last_bad = jax.lax.cummax(jnp.where(finite, -1, pos), axis=g.ndim - 1)  # (..., t)
-    bad = jnp.take_along_axis(g, jnp.maximum(last_bad, 0), axis=-1)
-    return jnp.where(last_bad[..., :, None] > pos, bad[..., :, None], total)
+    x = jnp.where(jnp.tril(jnp.ones((c, c), bool), -1), g[..., :, None], 0.0)
+    shift = 1
+    rows_down = [(0, 0)] * (x.ndim - 2)
+    while shift < c:  # x[t] += x[t - shift]: row t then sums rows (t - 2 shift, t]
+        x = x + jnp.pad(x[..., :c - shift, :], rows_down + [(shift, 0), (0, 0)])
+        shift *= 2
+    return x
 
 
 def suffix_sum_exclusive(g):

@@ -1,6 +1,6 @@
 """kernels.chunk's short-sequence paths against the general ones and float64 NumPy:
-the recursive explicit inverse of the UT transform (and its VJP), segsum's matmul with
-non-finite log-decays, the backward pass without jax.checkpoint, and a single chunk run
+the recursive explicit inverse of the UT transform (and its VJP), segsum's shifted-add sums
+with non-finite log-decays and their gradient, the backward pass without jax.checkpoint, and a single chunk run
 with no chunk axis and no scan.
 """
 import numpy as np
@@ -143,6 +143,19 @@ def test_segsum_is_the_direct_sum_with_hard_resets():
     with jax.enable_x64(True):
         got64 = np.asarray(segsum(jnp.asarray(g, jnp.float64)))
         np.testing.assert_allclose(got64[fin], want[fin], rtol=1e-12, atol=1e-9)
+
+
+def test_segsum_gradient_is_the_sum_over_spans_holding_each_term():
+    # d/dg_r of sum(W * L) = sum of W[t, s] over the spans (s, t] holding r: s < r <= t.
+    rng = np.random.default_rng(1)
+    g = -rng.uniform(0.0, 2.0, (B, H, 37))
+    w = rng.standard_normal(g.shape + (37,))
+    got = jax.grad(lambda x: jnp.sum(jnp.asarray(w, jnp.float32) * segsum(x)))(
+        jnp.asarray(g, jnp.float32))
+    t, s = np.indices((37, 37))
+    want = np.stack([np.where((s < r) & (r <= t), w, 0.0).sum((-1, -2))
+                     for r in range(37)], axis=-1)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5, atol=1e-4)
 
 
 def test_segsum_propagates_nan_only_to_spans_holding_it():
