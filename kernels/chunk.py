@@ -110,22 +110,48 @@ def _solve_by_substitution_bwd(res, dx):
 _solve_by_substitution.defvjp(_solve_by_substitution_fwd, _solve_by_substitution_bwd)
 
 
-def _unit_lower_inverse(a):
+# The diagonal blocks _unit_lower_inverse starts from: inverted by substitution written
+# out elementwise (one fused pass over all blocks), so that the recursive halving runs
+# only the levels above them. Each level is a few small ops in a row on the step's
+# critical path: on a 2-core CPU the levels from 1 x 1 blocks cost more than the matmuls
+# in them (docs/benchmarks.md, session 24).
+BASE_BLOCK = 8
+
+
+def _small_unit_lower_inverse(blocks):
+    """(I + a)^-1 of every m x m strictly lower a in blocks (..., m, m), row by row:
+    x[i][j] = -a[i][j] - sum over j < k < i of a[i][k] x[k][j], as elementwise ops over
+    the leading axes (m (m - 1) (m - 2) / 6 multiply-adds, m = BASE_BLOCK: 56)."""
+    m = blocks.shape[-1]
+    a = [[blocks[..., i, j] for j in range(m)] for i in range(m)]
+    one, zero = jnp.ones_like(a[0][0]), jnp.zeros_like(a[0][0])
+    x = [[one if i == j else zero for j in range(m)] for i in range(m)]
+    for i in range(1, m):
+        for j in range(i):
+            entry = -a[i][j]
+            for k in range(j + 1, i):
+                entry = entry - a[i][k] * x[k][j]
+            x[i][j] = entry
+    return jnp.stack([jnp.stack(row, axis=-1) for row in x], axis=-2)
+
+
+def _unit_lower_inverse(a, base: int = BASE_BLOCK):
     """(I + a)^-1 for strictly lower triangular a (..., C, C), by recursive halving.
 
     With X = I + a split in halves [[P, 0], [Q, R]], X^-1 = [[P^-1, 0], [-R^-1 Q P^-1,
     R^-1]]. Every diagonal block of one size is inverted at once from the two halves below
-    it, so C = 2^n takes n levels of two batched matmuls each, starting from 1 x 1 blocks
-    (whose inverse is 1). The recursive triangular inverse is as accurate as substitution
-    (tests: keys nearly parallel too), where the power series (I - a)(I + a^2)... is not.
-    a is padded with zeros to a power of two, which leaves its C x C block unchanged.
+    it, so C = 2^n takes n - log2(base) levels of two batched matmuls each, starting from
+    the base x base diagonal blocks inverted elementwise (_small_unit_lower_inverse). The
+    recursive triangular inverse is as accurate as substitution (tests: keys nearly
+    parallel too), where the power series (I - a)(I + a^2)... is not. a is padded with
+    zeros to a power of two (at least base), which leaves its C x C block unchanged.
     """
     c = a.shape[-1]
-    size = 1 << max(c - 1, 0).bit_length()
+    size = max(1 << max(c - 1, 0).bit_length(), base)
     ap = pad_axis(pad_axis(a, size, -1), size, -2)
     lead = ap.shape[:-2]
-    inv = jnp.ones(lead + (size, 1, 1), a.dtype)  # the 1 x 1 diagonal blocks
-    half = 1
+    inv = _small_unit_lower_inverse(_diagonal_blocks(ap, base))  # (..., size/base, b, b)
+    half = base
     while half < size:
         n = size // (2 * half)  # diagonal blocks of 2 * half rows
         q = _diagonal_blocks(ap, 2 * half)[..., half:, :half]

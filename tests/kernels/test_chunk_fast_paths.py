@@ -30,14 +30,17 @@ def strictly_lower(rng, c, lead=(B, H)):
     return np.tril(beta * decay * (k @ np.swapaxes(k, -1, -2)), -1)
 
 
+@pytest.mark.parametrize("base", [1, 4, chunk.BASE_BLOCK])
 @pytest.mark.parametrize("c", [1, 2, 5, 16, 37, 64, 100])
-def test_unit_lower_inverse_is_numpys(c):
+def test_unit_lower_inverse_is_numpys(c, base):
+    """From base x base diagonal blocks inverted elementwise; base 1 is the plain
+    recursive halving."""
     a = strictly_lower(np.random.default_rng(c), c)
     want = np.linalg.inv(np.eye(c) + a)
-    got = chunk._unit_lower_inverse(jnp.asarray(a, jnp.float32))
+    got = chunk._unit_lower_inverse(jnp.asarray(a, jnp.float32), base)
     assert rel(got, want) < 1e-5
     with jax.enable_x64(True):
-        got64 = chunk._unit_lower_inverse(jnp.asarray(a, jnp.float64))
+        got64 = chunk._unit_lower_inverse(jnp.asarray(a, jnp.float64), base)
         assert got64.dtype == jnp.float64
         assert rel(got64, want) < 1e-12
 
