@@ -16,14 +16,23 @@ runs (training.step.make_train_step, with the config's mesh, optimizer and preci
 the config's own batches. With --variant (repeated), the override sets are compiled in one
 process and timed round-robin, --rounds times: their medians compare within a few percent,
 where the same config in separate processes differs by up to 20%.
+
+--wall times wall-clock milliseconds with XLA's own threads instead (what train.py runs
+with): on a 2-core machine a step's ops then run two at a time, so what lies on its
+critical path counts more than its share of the work; the round-robin order keeps the
+comparison fair.
 """
 from __future__ import annotations
 
 import os
+import sys
 
-os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                           + " --xla_cpu_multi_thread_eigen=false"
-                           + " intra_op_parallelism_threads=1")
+# Read before jax is imported: XLA takes its threads from the flags at start.
+WALL = "--wall" in sys.argv[1:]
+if not WALL:
+    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
+                               + " --xla_cpu_multi_thread_eigen=false"
+                               + " intra_op_parallelism_threads=1")
 
 import argparse  # noqa: E402
 import collections  # noqa: E402
@@ -35,7 +44,6 @@ import statistics  # noqa: E402
 import tempfile  # noqa: E402
 import importlib.util  # noqa: E402
 import pathlib  # noqa: E402
-import sys  # noqa: E402
 import time  # noqa: E402
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
@@ -85,35 +93,37 @@ class CompiledStep:
     """A config's compiled train step on its first batch, run `steps` times per call on
     the parameters it last returned (the CPU time of a call is the measurement)."""
 
-    def __init__(self, config):
+    def __init__(self, config, clock=time.process_time):
+        self.clock = clock
         dataset = builders.build_dataset(config)
         steps, params, opt_state, batch_sh = speed.jitted_train_step(config, dataset)
         self.data = shd.global_batch(dataset.batch(0, config.train.batch_size), batch_sh)
         self.key = (steps.key(0), steps.feature_key(0))
-        t0 = time.process_time()
+        t0 = clock()
         self.compiled = steps.train.lower(params, opt_state, self.data, *self.key).compile()
-        self.compile_s = time.process_time() - t0
+        self.compile_s = clock() - t0
         self.state = (params, opt_state)
         self.metrics = None
         self(3)  # warm-up
 
     def __call__(self, steps: int) -> float:
-        """Runs `steps` steps; returns their CPU milliseconds a step."""
+        """Runs `steps` steps; returns their milliseconds a step by self.clock."""
         params, opt_state = self.state
-        t0 = time.process_time()
+        t0 = self.clock()
         for _ in range(steps):
             params, opt_state, self.metrics = self.compiled(params, opt_state, self.data,
                                                             *self.key)
         jax.block_until_ready(self.metrics)
         self.state = (params, opt_state)
-        return (time.process_time() - t0) / steps * 1e3
+        return (self.clock() - t0) / steps * 1e3
 
 
-def compare(config_path: str, variants: list[str], steps: int, rounds: int) -> None:
+def compare(config_path: str, variants: list[str], steps: int, rounds: int,
+            clock=time.process_time, unit: str = "CPU") -> None:
     """Round-robin: every variant's `steps` steps in turn, `rounds` times, in this one
     process, so a slow spell of the machine (CPU time swings ~20% between processes on a
     shared 2-core machine) falls on all of them alike; prints the median and range."""
-    runs = {v: CompiledStep(apply_overrides(load_config(config_path), v.split()))
+    runs = {v: CompiledStep(apply_overrides(load_config(config_path), v.split()), clock)
             for v in variants}
     times = {v: [] for v in variants}
     for _ in tqdm.trange(rounds, desc="rounds"):
@@ -122,8 +132,9 @@ def compare(config_path: str, variants: list[str], steps: int, rounds: int) -> N
     base = statistics.median(times[variants[0]])
     for v in variants:
         ms = statistics.median(times[v])
-        print(f"{ms:7.1f} CPU ms/step ({ms / base:.2f}x; range {min(times[v]):.1f}-"
-              f"{max(times[v]):.1f}), compile {runs[v].compile_s:.1f} CPU s  {v or 'defaults'}")
+        print(f"{ms:7.1f} {unit} ms/step ({ms / base:.2f}x; range {min(times[v]):.1f}-"
+              f"{max(times[v]):.1f}), compile {runs[v].compile_s:.1f} {unit} s  "
+              f"{v or 'defaults'}")
 
 
 def main(argv=None):
@@ -136,16 +147,19 @@ def main(argv=None):
                     help="a set of space-separated KEY=VALUE overrides; repeated: compare "
                          "them round-robin in this process (the first is the base)")
     ap.add_argument("--rounds", type=int, default=8, help="rounds of --variant comparison")
+    ap.add_argument("--wall", action="store_true",
+                    help="wall-clock time with XLA's own threads (module docstring)")
     ap.add_argument("overrides", nargs="*", help="KEY=VALUE, as train.py's --config.KEY")
     args = ap.parse_args(argv)
+    clock, unit = (time.perf_counter, "wall") if WALL else (time.process_time, "CPU")
     host_memory.keep_freed_memory()  # as train.py does
     if args.variant:
         if args.overrides or args.profile:
             ap.error("--variant compares whole override sets: give no other overrides "
                      "or --profile")
-        compare(args.config, args.variant, args.steps, args.rounds)
+        compare(args.config, args.variant, args.steps, args.rounds, clock, unit)
         return
-    run = CompiledStep(apply_overrides(load_config(args.config), args.overrides))
+    run = CompiledStep(apply_overrides(load_config(args.config), args.overrides), clock)
     with tempfile.TemporaryDirectory() as trace_dir:
         tracing = (jax.profiler.trace(trace_dir, create_perfetto_trace=True)
                    if args.profile else contextlib.nullcontext())
@@ -153,8 +167,8 @@ def main(argv=None):
             ms = run(args.steps)
         if args.profile:
             print_top_ops(pathlib.Path(trace_dir), args.steps, args.profile)
-    print(f"{' '.join(args.overrides) or 'defaults'}: {ms:.1f} CPU ms/step, compile "
-          f"{run.compile_s:.1f} CPU s, loss {float(run.metrics['loss']):.4f}")
+    print(f"{' '.join(args.overrides) or 'defaults'}: {ms:.1f} {unit} ms/step, compile "
+          f"{run.compile_s:.1f} {unit} s, loss {float(run.metrics['loss']):.4f}")
 
 
 if __name__ == "__main__":
