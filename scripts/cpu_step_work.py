@@ -91,7 +91,7 @@ def apply_overrides(config, overrides):
 
 class CompiledStep:
     """A config's compiled train step on its first batch, run `steps` times per call on
-    the parameters it last returned (the CPU time of a call is the measurement)."""
+    the parameters it last returned (the time of a call by `clock` is the measurement)."""
 
     def __init__(self, config, clock=time.process_time):
         self.clock = clock
@@ -151,7 +151,7 @@ def main(argv=None):
                     help="wall-clock time with XLA's own threads (module docstring)")
     ap.add_argument("overrides", nargs="*", help="KEY=VALUE, as train.py's --config.KEY")
     args = ap.parse_args(argv)
-    clock, unit = (time.perf_counter, "wall") if WALL else (time.process_time, "CPU")
+    clock, unit = (time.perf_counter, "wall") if args.wall else (time.process_time, "CPU")
     host_memory.keep_freed_memory()  # as train.py does
     if args.variant:
         if args.overrides or args.profile:

@@ -1,7 +1,7 @@
 """kernels.chunk's short-sequence paths against the general ones and float64 NumPy:
-the recursive explicit inverse of the UT transform (and its VJP), segsum's shifted-add sums
-with non-finite log-decays and their gradient, the backward pass without jax.checkpoint, and a single chunk run
-with no chunk axis and no scan.
+the recursive explicit inverse of the UT transform (and its VJP), segsum's shifted-add
+sums with non-finite log-decays and their gradient, the backward pass without
+jax.checkpoint, and a single chunk run with no chunk axis and no scan.
 """
 import numpy as np
 import pytest
