@@ -151,7 +151,9 @@ def main(argv=None):
                     help="wall-clock time with XLA's own threads (module docstring)")
     ap.add_argument("overrides", nargs="*", help="KEY=VALUE, as train.py's --config.KEY")
     args = ap.parse_args(argv)
-    clock, unit = (time.perf_counter, "wall") if args.wall else (time.process_time, "CPU")
+    if args.wall != WALL:  # main(argv) called with other arguments than the process's
+        ap.error("--wall decides XLA's threads at import: give it on the command line")
+    clock, unit = (time.perf_counter, "wall") if WALL else (time.process_time, "CPU")
     host_memory.keep_freed_memory()  # as train.py does
     if args.variant:
         if args.overrides or args.profile:
