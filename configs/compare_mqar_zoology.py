@@ -24,8 +24,10 @@ Heads, as Zoology's configs give them (models_repo.py): attention and Based 1
 so lightning (our decayed linear attention) gets 2; the other feature-map mixers
 (linear, performer, hedgehog, based) follow Zoology's linear-attention family: 1.
 Zoology's "Based" is Taylor linear attention after a BaseConv: our `taylor`; our `based`
-adds a sliding window in the same layer (no Zoology counterpart). Sliding window: our
-window of 64 (Zoology sweeps 8 ... 1024 at d128).
+adds a sliding window in the same layer (no Zoology counterpart). Sliding window: sized
+by its window as Zoology sizes it (models_repo.py: windows 8 ... 1024 at d128): window 64
+at d64 and d128, and windows 16, 32 and 128 at d128 (a width alone does not move it: at
+(256, 16) d64 and d128 with window 64 answered the same queries, 0.5964 both, session 25).
 
 Zoology's paper Figure 2 at (256, 16), read off the plot (ANCHORS.md; its models are
 two layers of the mixer, Based excepted): attention about 1.0 at d 64 ... 512; BaseConv
@@ -71,12 +73,24 @@ SOURCE = "Zoology, 7-setting mean, approx."
 
 
 def _mixer(name):
-    return {"name": name, "overrides": {"model.mixer": name,
-                                        "model.num_heads": HEADS.get(name, 1)}}
+    entry = {"name": name, "overrides": {"model.mixer": name,
+                                         "model.num_heads": HEADS.get(name, 1)}}
+    if name == mixers.SLIDING_WINDOW:
+        entry["sizes"] = SLIDING_WINDOW_SIZES
+    return entry
 
 
 def _width(d):
     return {"name": f"d{d}", "overrides": {"model.d_model": d}}
+
+
+# The sliding window's cells: its window at one width, as Zoology sweeps it (d64 and d128
+# at the default window 64 keep their names from before the windows were added).
+SLIDING_WINDOW_SIZES = [
+    {"name": "d64", "overrides": {"model.d_model": 64, "model.window": 64}},
+    {"name": "d128", "overrides": {"model.d_model": 128, "model.window": 64}},
+] + [{"name": f"d128_w{w}", "overrides": {"model.d_model": 128, "model.window": w}}
+     for w in (16, 32, 128)]
 
 
 def _setting(name, seq_len=None, kv=None):

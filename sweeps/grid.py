@@ -38,16 +38,22 @@ def expand_grid(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
     """Runs of the sweep, in order: each {name, setting, mixer, size, lr, seed, overrides}.
 
     `settings`, `mixers` and `sizes` are lists of {"name": str, "overrides": {KEY: VALUE}};
-    `lrs` and `seeds` lists of numbers written to the keys `lr_key` and `seed_key`.
+    `lrs` and `seeds` lists of numbers written to the keys `lr_key` and `seed_key`. A mixer
+    entry may carry its own "sizes", which replace the sweep's for that mixer (Zoology
+    sizes the sliding window by its window at one width, the other mixers by width).
     """
     task = cfg.get("task")
     if task not in TASKS:
         raise ValueError(f"compare config: task={task!r}; choose one of {TASKS}")
     blank = {"name": "default", "overrides": {}}
+    sweep_sizes = _axis(cfg, "sizes", blank)
+    cells = [(setting, mixer, size)
+             for setting in _axis(cfg, "settings", blank)
+             for mixer in _axis(cfg, "mixers", blank)
+             for size in (list(mixer.get("sizes") or []) or sweep_sizes)]
     runs = []
-    for setting, mixer, size, lr, seed in itertools.product(
-            _axis(cfg, "settings", blank), _axis(cfg, "mixers", blank),
-            _axis(cfg, "sizes", blank), _axis(cfg, "lrs", None), _axis(cfg, "seeds", 0)):
+    for (setting, mixer, size), lr, seed in itertools.product(
+            cells, _axis(cfg, "lrs", None), _axis(cfg, "seeds", 0)):
         overrides = flatten(cfg.get("overrides"))
         for part in (setting, mixer, size):
             overrides.update(flatten(part.get("overrides")))

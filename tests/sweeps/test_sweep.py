@@ -141,6 +141,26 @@ def test_grid_expansion_of_the_full_configs():
     assert hybrid["model.softmax_every"] == 8 and hybrid["model.num_layers"] == 8
 
 
+def test_a_mixer_with_its_own_sizes_replaces_the_sweeps_sizes():
+    """Zoology sizes the sliding window by its window at d128, the others by width: the
+    window's cells are its own, every other mixer keeps the three widths."""
+    from sweeps import grid
+
+    cfg = load_compare_config("compare_mqar_zoology")
+    runs = grid.expand_grid(cfg)
+    cells = {(r["mixer"], r["size"]) for r in runs}
+    window_cells = sorted(size for mixer, size in cells if mixer == "sliding_window")
+    assert window_cells == ["d128", "d128_w128", "d128_w16", "d128_w32", "d64"]
+    others = {mixer for mixer, _ in cells} - {"sliding_window"}
+    assert all({size for m, size in cells if m == mixer} == {"d64", "d128", "d256"}
+               for mixer in others)
+    assert len(runs) == (3 * len(others) + 5) * len(cfg["lrs"]) * len(cfg["seeds"])
+    w16 = next(r for r in runs if r["name"] == "T256_kv16__sliding_window__d128_w16__lr0.01__s2")
+    assert (w16["overrides"]["model.window"], w16["overrides"]["model.d_model"],
+            w16["overrides"]["model.mixer"], w16["overrides"]["train.seed"]) == (
+        16, 128, "sliding_window", 2)
+
+
 def test_unknown_task_is_named():
     from sweeps import grid
 

@@ -1,5 +1,6 @@
-"""Issue 18's sweep as one markdown table: per cell (mixer, width) every lr's seeds and
-mean [95% t], the best lr's in bold, and the cell's training wall time.
+"""Issue 18's sweep as one markdown table: per cell (mixer, size: a width, or a width
+and a window as d128_w16) every lr's seeds and mean [95% t], the best lr's in bold, and
+the cell's training wall time.
 
     PYTHONPATH=$PWD python docs/measurements/session22/cell_table.py \\
         runs/h200/zoology_paper/results.jsonl
@@ -17,15 +18,15 @@ def main(path):
     state = {}
     for line in open(path):
         r = json.loads(line)
-        key = (r["mixer"], int(r["size"][1:]))
+        key = (r["mixer"], r["size"])
         cells[key][r["lr"]][r["seed"]] = r["metrics"]["accuracy"]
         walls[key].add((round(r["train_wall_s"]), r["population"]["members"]))
         state[key] = r["state_size"]
     lrs = sorted({lr for c in cells.values() for lr in c})
-    print("| mixer | d | state | " + " | ".join(f"lr {lr:.3g}" for lr in lrs)
+    print("| mixer | size | state | " + " | ".join(f"lr {lr:.3g}" for lr in lrs)
           + " | best lr: seeds | training s (members) |")
     print("|---|---|---|" + "---|" * len(lrs) + "---|---|")
-    for key in sorted(cells):
+    for key in sorted(cells, key=lambda k: (k[0], int(k[1][1:].split("_")[0]), k[1])):
         by_lr = cells[key]
         ivs = {lr: intervals.mean_interval(by_lr[lr].values()) for lr in by_lr}
         best = max(ivs, key=lambda lr: ivs[lr].mean)
