@@ -1,0 +1,40 @@
+"""train.py with Hedgehog's feature map changed, for issue 18's diagnosis (session 25):
+
+    PATCH=frozen  a = x: the map's W and b unused (held at the identity and zero), so the
+                  features are softmax([2x, -2x]) of the short conv's output
+    PATCH=nobias  a = W x: W learned, b held at zero
+
+    PATCH=frozen python docs/measurements/session25/hedgehog_cpu/patched_train.py \\
+        --config=configs/mqar_zoology_paper.py --workdir=... --config.model.mixer=hedgehog
+
+Run from the repository root; every other flag is train.py's."""
+import os
+import runpy
+import sys
+
+import jax
+import jax.numpy as jnp
+
+sys.path.insert(0, os.getcwd())
+from models import feature_maps as fm  # noqa: E402
+
+
+def identity_map(self, x):
+    a = x.astype(jnp.promote_types(x.dtype, jnp.float32))
+    return jnp.concatenate([a, -a], axis=-1)
+
+
+def map_without_bias(self, x):
+    dtype = jnp.promote_types(x.dtype, jnp.float32)
+    a = jnp.einsum("...hd,hde->...he", x.astype(dtype), self.kernel[...].astype(dtype),
+                   precision=jax.lax.Precision.HIGHEST)
+    return jnp.concatenate([a, -a], axis=-1)
+
+
+PATCHES = {"frozen": identity_map, "nobias": map_without_bias}
+patch = os.environ.get("PATCH", "")
+if patch not in PATCHES:
+    raise SystemExit(f"PATCH={patch!r}: choose one of {sorted(PATCHES)}")
+fm.HedgehogFeatureMap.log_features = PATCHES[patch]
+sys.argv = ["train.py"] + sys.argv[1:]
+runpy.run_path("train.py", run_name="__main__")
