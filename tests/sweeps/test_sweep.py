@@ -155,7 +155,8 @@ def test_a_mixer_with_its_own_sizes_replaces_the_sweeps_sizes():
     assert all({size for m, size in cells if m == mixer} == {"d64", "d128", "d256"}
                for mixer in others)
     assert len(runs) == (3 * len(others) + 5) * len(cfg["lrs"]) * len(cfg["seeds"])
-    w16 = next(r for r in runs if r["name"] == "T256_kv16__sliding_window__d128_w16__lr0.01__s2")
+    name = "T256_kv16__sliding_window__d128_w16__lr0.01__s2"
+    w16 = next(r for r in runs if r["name"] == name)
     assert (w16["overrides"]["model.window"], w16["overrides"]["model.d_model"],
             w16["overrides"]["model.mixer"], w16["overrides"]["train.seed"]) == (
         16, 128, "sliding_window", 2)
