@@ -3,6 +3,9 @@
     PATCH=frozen  a = x: the map's W and b unused (held at the identity and zero), so the
                   features are softmax([2x, -2x]) of the short conv's output
     PATCH=nobias  a = W x: W learned, b held at zero
+    PATCH=fla     fla's LinearAttention layout (its defaults): no denominator, an RMSNorm
+                  on each head's output (our `linear` with feature_map=identity does the
+                  same); the map learned as usual
 
     PATCH=frozen python docs/measurements/session25/hedgehog_cpu/patched_train.py \\
         --config=configs/mqar_zoology_paper.py --workdir=... --config.model.mixer=hedgehog
@@ -31,10 +34,35 @@ def map_without_bias(self, x):
     return jnp.concatenate([a, -a], axis=-1)
 
 
+def fla_layout():
+    from flax import nnx
+
+    from models.layers import dtypes, meta
+    from models.mixers.linear import Hedgehog
+
+    init, output = Hedgehog.__init__, Hedgehog._output
+
+    def new_init(self, cfg, *, rngs):
+        init(self, cfg, rngs=rngs)
+        self.normalize = False
+        dtype, param_dtype = dtypes(cfg)
+        self.o_norm = nnx.RMSNorm(self.head_dim, epsilon=cfg.norm_eps, dtype=dtype,
+                                  param_dtype=param_dtype, scale_metadata=meta("norm"),
+                                  rngs=rngs)
+
+    def new_output(self, o, x, inputs):
+        return output(self, self.o_norm(o), x, inputs)
+
+    Hedgehog.__init__, Hedgehog._output = new_init, new_output
+
+
 PATCHES = {"frozen": identity_map, "nobias": map_without_bias}
 patch = os.environ.get("PATCH", "")
-if patch not in PATCHES:
-    raise SystemExit(f"PATCH={patch!r}: choose one of {sorted(PATCHES)}")
-fm.HedgehogFeatureMap.log_features = PATCHES[patch]
+if patch == "fla":
+    fla_layout()
+elif patch in PATCHES:
+    fm.HedgehogFeatureMap.log_features = PATCHES[patch]
+else:
+    raise SystemExit(f"PATCH={patch!r}: choose one of {sorted(PATCHES) + ['fla']}")
 sys.argv = ["train.py"] + sys.argv[1:]
 runpy.run_path("train.py", run_name="__main__")
