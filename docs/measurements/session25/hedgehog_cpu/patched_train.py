@@ -6,6 +6,7 @@
     PATCH=fla     fla's LinearAttention layout (its defaults): no denominator, an RMSNorm
                   on each head's output (our `linear` with feature_map=identity does the
                   same); the map learned as usual
+    PATCH=temp8   softmax([8a, -8a]) instead of fla's [2a, -2a] (any number after "temp")
 
     PATCH=frozen python docs/measurements/session25/hedgehog_cpu/patched_train.py \\
         --config=configs/mqar_zoology_paper.py --workdir=... --config.model.mixer=hedgehog
@@ -57,12 +58,20 @@ def fla_layout():
 
 
 PATCHES = {"frozen": identity_map, "nobias": map_without_bias}
+def sharper_softmax(temperature: float):
+    def call(self, x):
+        return jax.nn.softmax(temperature * self.log_features(x), axis=-1)
+    fm.HedgehogFeatureMap.__call__ = call
+
+
 patch = os.environ.get("PATCH", "")
 if patch == "fla":
     fla_layout()
+elif patch.startswith("temp"):
+    sharper_softmax(float(patch[4:]))
 elif patch in PATCHES:
     fm.HedgehogFeatureMap.log_features = PATCHES[patch]
 else:
-    raise SystemExit(f"PATCH={patch!r}: choose one of {sorted(PATCHES) + ['fla']}")
+    raise SystemExit(f"PATCH={patch!r}: choose one of {sorted(PATCHES) + ['fla', 'temp<T>']}")
 sys.argv = ["train.py"] + sys.argv[1:]
 runpy.run_path("train.py", run_name="__main__")
