@@ -50,7 +50,7 @@ def expand_grid(cfg: Mapping[str, Any]) -> list[dict[str, Any]]:
     cells = [(setting, mixer, size)
              for setting in _axis(cfg, "settings", blank)
              for mixer in _axis(cfg, "mixers", blank)
-             for size in (list(mixer.get("sizes") or []) or sweep_sizes)]
+             for size in (mixer.get("sizes") or sweep_sizes)]
     runs = []
     for (setting, mixer, size), lr, seed in itertools.product(
             cells, _axis(cfg, "lrs", None), _axis(cfg, "seeds", 0)):

@@ -23,16 +23,19 @@ sys.path.insert(0, os.getcwd())
 from models import feature_maps as fm  # noqa: E402
 
 
+LOG_FEATURES = fm.HedgehogFeatureMap.log_features  # [a, -a], a = W x + b
+
+
 def identity_map(self, x):
     a = x.astype(jnp.promote_types(x.dtype, jnp.float32))
     return jnp.concatenate([a, -a], axis=-1)
 
 
 def map_without_bias(self, x):
-    dtype = jnp.promote_types(x.dtype, jnp.float32)
-    a = jnp.einsum("...hd,hde->...he", x.astype(dtype), self.kernel[...].astype(dtype),
-                   precision=jax.lax.Precision.HIGHEST)
-    return jnp.concatenate([a, -a], axis=-1)
+    """[W x, -W x]: the bias added and taken away again, so it gets no gradient and
+    stays at its initial zero."""
+    b = self.bias[...].astype(jnp.float32)
+    return LOG_FEATURES(self, x) - jnp.concatenate([b, -b], axis=-1)
 
 
 def fla_layout():
@@ -57,7 +60,6 @@ def fla_layout():
     Hedgehog.__init__, Hedgehog._output = new_init, new_output
 
 
-PATCHES = {"frozen": identity_map, "nobias": map_without_bias}
 def sharper_softmax(temperature: float):
     def call(self, x):
         return jax.nn.softmax(temperature * self.log_features(x), axis=-1)
@@ -65,13 +67,15 @@ def sharper_softmax(temperature: float):
 
 
 patch = os.environ.get("PATCH", "")
-if patch == "fla":
+if patch == "frozen":
+    fm.HedgehogFeatureMap.log_features = identity_map
+elif patch == "nobias":
+    fm.HedgehogFeatureMap.log_features = map_without_bias
+elif patch == "fla":
     fla_layout()
 elif patch.startswith("temp"):
     sharper_softmax(float(patch[4:]))
-elif patch in PATCHES:
-    fm.HedgehogFeatureMap.log_features = PATCHES[patch]
 else:
-    raise SystemExit(f"PATCH={patch!r}: choose one of {sorted(PATCHES) + ['fla', 'temp<T>']}")
+    raise SystemExit(f"PATCH={patch!r}: choose frozen, nobias, fla or temp<T>")
 sys.argv = ["train.py"] + sys.argv[1:]
 runpy.run_path("train.py", run_name="__main__")
