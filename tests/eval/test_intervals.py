@@ -79,3 +79,24 @@ def test_marks_of_a_column():
     assert intervals.marks(pts) == ["?", "?", "?", "best", ""]
     assert intervals.marks(pts[:3]) == ["tie", "best", ""]
     assert intervals.marks(pts[:3], higher_is_better=False) == ["", "", "best"]
+
+
+def test_a_new_seeds_interval_by_hand():
+    # 0.8, 0.9, 1.0: s = 0.1, half = 4.302653 * 0.1 * sqrt(1 + 1/3) = 0.4968276
+    iv = intervals.prediction_interval([0.8, 0.9, 1.0])
+    assert iv.n == 3 and iv.mean == pytest.approx(0.9, abs=1e-15)
+    assert iv.half == pytest.approx(0.4968276, abs=1e-7)
+    assert math.isnan(intervals.prediction_interval([0.5]).half)
+
+
+@pytest.mark.parametrize("n", [3, 5])
+def test_a_new_seed_lands_in_its_interval_95_percent_of_the_time(n):
+    # Normal draws: the next draw falls inside the prediction interval of the n before
+    # it with probability 0.95 exactly; the mean's interval covers it far less often.
+    np = pytest.importorskip("numpy")
+    draws = np.random.default_rng(n).normal(2.0, 0.3, size=(20_000, n + 1))
+    inside = [intervals.prediction_interval(d[:n]) for d in draws]
+    hits = np.mean([iv.lo <= d[n] <= iv.hi for iv, d in zip(inside, draws)])
+    assert hits == pytest.approx(0.95, abs=0.005)
+    means = [intervals.mean_interval(d[:n]) for d in draws]
+    assert np.mean([iv.lo <= d[n] <= iv.hi for iv, d in zip(means, draws)]) < 0.9

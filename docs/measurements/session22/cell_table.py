@@ -1,6 +1,7 @@
 """Issue 18's sweep as one markdown table: per cell (mixer, size: a width, or a width
-and a window as d128_w16) every lr's seeds and mean [95% t], the best lr's in bold, and
-the cell's training wall time.
+and a window as d128_w16) every lr's seeds and mean [95% t], the best lr's in bold, where
+one more seed of the best lr should land (eval.intervals.prediction_interval), and the
+cell's training wall time.
 
     PYTHONPATH=$PWD python docs/measurements/session22/cell_table.py \\
         runs/h200/zoology_paper/results.jsonl
@@ -24,8 +25,8 @@ def main(path):
         state[key] = r["state_size"]
     lrs = sorted({lr for c in cells.values() for lr in c})
     print("| mixer | size | state | " + " | ".join(f"lr {lr:.3g}" for lr in lrs)
-          + " | best lr: seeds | training s (members) |")
-    print("|---|---|---|" + "---|" * len(lrs) + "---|---|")
+          + " | best lr: seeds | a new seed, 95% | training s (members) |")
+    print("|---|---|---|" + "---|" * len(lrs) + "---|---|---|")
     for key in sorted(cells, key=lambda k: (k[0], int(k[1][1:].split("_")[0]), k[1])):
         by_lr = cells[key]
         ivs = {lr: intervals.mean_interval(by_lr[lr].values()) for lr in by_lr}
@@ -41,9 +42,11 @@ def main(path):
                 text = f"{iv.mean:.4f}"
             row.append(f"**{text}**" if lr == best else text)
         seeds = " / ".join(f"{by_lr[best][s]:.4f}" for s in sorted(by_lr[best]))
+        new = intervals.prediction_interval(by_lr[best].values())
+        new_seed = f"[{new.lo:.4f}, {new.hi:.4f}]" if new.decided else "-"
         wall = ", ".join(f"{w} ({m})" for w, m in sorted(walls[key], key=lambda x: -x[1]))
         print(f"| {key[0]} | {key[1]} | {state[key]:,} | " + " | ".join(row)
-              + f" | {seeds} | {wall} |")
+              + f" | {seeds} | {new_seed} | {wall} |")
 
 
 if __name__ == "__main__":
