@@ -66,6 +66,11 @@ class ModelConfig:
     performer_redraw_every: int = _runtime(1)
     performer_qk_norm: bool = False  # L2-normalised q, k times a learned temperature
     hedgehog_map: str = "softmax"  # "softmax" (fla's map) or "exp" (the paper's)
+    # Hedgehog's attention distillation while training (Zhang et al. 2024): each hedgehog
+    # layer adds this weight times the cross-entropy between the softmax attention of its
+    # own q, k (held out of the gradient) and its linear attention's weights to the
+    # training loss (models.auxiliary, training.step). 0: the next-token loss alone.
+    hedgehog_distill: float = _runtime(0.0)
     conv_size: int = 4             # short causal conv (deltanet, gated_deltanet; short_conv)
     # fla's use_short_conv for linear, performer, hedgehog, lightning, based, taylor: a
     # causal depthwise conv (conv_size taps) + SiLU on q, k and v before the feature map.
@@ -186,6 +191,11 @@ class ModelConfig:
                  "features every N training steps)")
         if self.hedgehog_map not in ("softmax", "exp"):
             fail("hedgehog_map", "choose 'softmax' (fla's) or 'exp' (the paper's)")
+        if not self.hedgehog_distill >= 0:
+            fail("hedgehog_distill", "must be >= 0 (0: no distillation loss)")
+        if self.hedgehog_distill and self.scan_layers:
+            fail("hedgehog_distill", "needs scan_layers=False (the layers' losses are "
+                 "collected with nnx.capture, which the layer scan does not carry)")
         for key, valid in (("norm", NORMS), ("mlp_type", MLP_TYPES),
                            ("positions", POSITIONS), ("rope_scaling", ROPE_SCALINGS)):
             if getattr(self, key) not in valid:
@@ -219,6 +229,11 @@ class ModelConfig:
         if self.mlp_type != "swiglu":
             return 4 * self.d_model
         return -(-int(8 * self.d_model / 3) // 32) * 32
+
+    @property
+    def has_auxiliary_loss(self) -> bool:
+        """Whether training adds a loss the layers sow (models.auxiliary)."""
+        return self.hedgehog_distill > 0
 
     @property
     def resolved_remat_policy(self) -> str:

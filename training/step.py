@@ -14,7 +14,9 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 import optax
+from flax import nnx
 
+from models import auxiliary
 from training import model_state
 from training import sharding as shd
 
@@ -148,13 +150,23 @@ def make_train_step(parts: model_state.ModelParts, tx, grad_accum: int, mesh,
         # The model is merged inside its own jit (inlined by XLA): NNX lets a model mutate
         # Variables (RNG counters, remat's write-back) only in the trace that created them.
         rest = model_state.rekey(parts.rest, rng, feature_rng)
-        s, n, c = loss_sums(parts.merge(p, rest), batch, deterministic=False,
-                            packed=rows.packed, targets_per_row=rows.targets_per_row)
-        return s, (n, c)
+        model = parts.merge(p, rest)
+
+        def sums(model):
+            return loss_sums(model, batch, deterministic=False, packed=rows.packed,
+                             targets_per_row=rows.targets_per_row)
+        if not getattr(getattr(model, "cfg", None), "has_auxiliary_loss", False):
+            s, n, c = sums(model)
+            return s, (n, c, s)
+        (s, n, c), sown = nnx.capture(sums, nnx.Intermediate)(model)
+        # The layers' auxiliary losses (models.auxiliary; Hedgehog's distillation) are
+        # means, so they enter the summed objective times the token count n: after the
+        # division by the step's count the gradient is that of mean CE + aux.
+        return s + auxiliary.total(sown) * n, (n, c, s)
     summed_grad = jax.value_and_grad(jax.jit(summed), has_aux=True)
 
     def grads_of(params, batch, rng, feature_rng):
-        (s, (n, _)), g = summed_grad(params, batch, rng, feature_rng)
+        (_, (n, _, s)), g = summed_grad(params, batch, rng, feature_rng)
         return s, n, g
 
     def step(params, opt_state, batch, rng, feature_rng):

@@ -69,6 +69,20 @@ class FeatureMapAttention(RecurrentMixer):
         return cls.feature_dim(cfg), cfg.resolved_head_dim
 
     def _inputs(self, x, *, segment_ids, conv_state, positions=None):
+        """The op's inputs {"q": phi(q), "k": phi(k), "v"} and the new conv state."""
+        pre, new_conv = self._projections(x, segment_ids=segment_ids,
+                                          conv_state=conv_state, positions=positions)
+        return self._mapped(pre), new_conv
+
+    def _mapped(self, pre):
+        """{"q", "k", "v"} before the feature map -> the op's inputs."""
+        v = pre["v"]
+        return {"q": self._phi(pre["q"], query=True).astype(v.dtype),
+                "k": self._phi(pre["k"], query=False).astype(v.dtype), "v": v}
+
+    def _projections(self, x, *, segment_ids, conv_state, positions=None):
+        """q, k, v (B, T, H, .) after the projections, the short conv and feature_rope,
+        before the feature map, and the new conv state (None without a short conv)."""
         b, t, _ = x.shape
         qkv = {"q": self.q_proj(x), "k": self.k_proj(x), "v": self.v_proj(x)}
         new_conv = None
@@ -85,8 +99,6 @@ class FeatureMapAttention(RecurrentMixer):
             if positions is None:
                 positions = segment_positions(segment_ids, t)
             q, k = rotary(self.cfg, q, positions), rotary(self.cfg, k, positions)
-        q = self._phi(q, query=True).astype(v.dtype)
-        k = self._phi(k, query=False).astype(v.dtype)
         return {"q": q, "k": k, "v": v}, new_conv
 
     def init_state(self, batch: int, max_len: int = 0):

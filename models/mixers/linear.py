@@ -11,8 +11,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from kernels import context_parallel
-from kernels.common import run_ids
+from kernels.common import run_ids, visible_keys
 from models import feature_maps as fm
+from models.auxiliary import sow_auxiliary_loss
 from models.config import ModelConfig
 from models.layers import Buffer, meta, dtypes
 from models.mixers.feature_attention import FeatureMapAttention
@@ -214,6 +215,12 @@ class Hedgehog(_StabilisedExpAttention):
     inside the op with the running-max stabiliser (no feature eps; the paper has none).
     The map weights are never weight-decayed (training.optim.NO_DECAY_MODULES).
 
+    cfg.hedgehog_distill > 0 trains the maps as the paper does, by attention
+    distillation: while training, each layer adds that weight times distillation_loss,
+    its attention weights' cross-entropy against the softmax attention of its own q and
+    k, to the loss (models.auxiliary). Without it the maps learn from the next-token loss
+    alone.
+
     Checkpoints from before the maps were split (one shared `feature_map/kernel`, a
     softmax over each half separately, no bias) do not load: the loader names the missing
     `feature_map_q/kernel` and the rest."""
@@ -235,6 +242,55 @@ class Hedgehog(_StabilisedExpAttention):
 
     def _map(self, query: bool):
         return self.feature_map_q if query else self.feature_map_k
+
+    takes_deterministic = True  # the distillation loss is added while training only
+
+    def __call__(self, x, *, segment_ids=None, deterministic: bool = True):
+        pre, _ = self._projections(x, segment_ids=segment_ids, conv_state=None)
+        inputs = self._mapped(pre)
+        o = self._op(inputs, segment_ids=segment_ids, initial_state=None,
+                     return_state=False, impl=self.cfg.impl)
+        if self.cfg.hedgehog_distill and not deterministic:
+            loss = self.distillation_loss(pre["q"], pre["k"], segment_ids)
+            sow_auxiliary_loss(self, self.cfg.hedgehog_distill * loss)
+        return self._output(o, x, inputs)
+
+    def log_features(self, x, *, query: bool):
+        """log phi(x), (..., H, 2 D) float32: log_softmax([2a, -2a]) for the softmax
+        map, [a, -a] for the exp map."""
+        a = self._map(query).log_features(x)
+        return jax.nn.log_softmax(2.0 * a, axis=-1) if self.map_form == "softmax" else a
+
+    def distillation_loss(self, q, k, segment_ids=None):
+        """Hedgehog's attention distillation (Zhang et al. 2024): the cross-entropy
+        -sum_s A_ts log B_ts, mean over batch, heads and query tokens, between
+
+          A = softmax(q k^T / sqrt(D)) of q, k (B, T, H, D) as they enter the maps
+              (causal, within each document; held out of the gradient: the target), and
+          B_ts = phi(q_t) . phi(k_s) / sum_s' phi(q_t) . phi(k_s'), the weights this
+              layer's normalised linear attention applies.
+
+        In log space, so no feature's underflow gives log 0: log phi(q_t) . phi(k_s) =
+        m_t + m_s + log sum_f exp(lq_tf - m_t) exp(lk_sf - m_s), m the max over
+        features; a shifted sum below 1e-30 (the two maps' peaks on different features)
+        counts as 1e-30."""
+        b, t = q.shape[:2]
+        visible = visible_keys(t, run_ids(segment_ids, b, t))            # (B|1, 1, T, S)
+        q32, k32 = q.astype(jnp.float32), k.astype(jnp.float32)
+        scores = jnp.einsum("bthd,bshd->bhts", q32, k32, precision=jax.lax.Precision.HIGHEST)
+        target = jax.lax.stop_gradient(jax.nn.softmax(
+            jnp.where(visible, scores * q.shape[-1] ** -0.5, -jnp.inf), axis=-1))
+        lq, lk = self.log_features(q32, query=True), self.log_features(k32, query=False)
+        mq = jnp.max(lq, axis=-1, keepdims=True)
+        mk = jnp.max(lk, axis=-1, keepdims=True)
+        shifted = jnp.einsum("bthf,bshf->bhts", jnp.exp(lq - mq), jnp.exp(lk - mk),
+                             precision=jax.lax.Precision.HIGHEST)
+        log_dot = (jnp.log(jnp.maximum(shifted, 1e-30))
+                   + jnp.moveaxis(mq[..., 0], 1, 2)[..., None]        # (B, H, T, 1)
+                   + jnp.moveaxis(mk[..., 0], 1, 2)[:, :, None, :])   # (B, H, 1, S)
+        log_norm = jax.nn.logsumexp(jnp.where(visible, log_dot, -jnp.inf), axis=-1)
+        read = jnp.sum(target * jnp.where(visible, log_dot, 0.0), axis=-1)
+        return jnp.mean(log_norm - read)
 
     def _phi(self, x, *, query: bool):
         return self._map(query)(x) if self.map_form == "softmax" else x

@@ -67,11 +67,12 @@ def test_runtime_keys_are_marked_on_the_fields():
     # scan_layers: the loader converts checkpoints between the two layouts;
     # performer_redraw_every: how often the random features are redrawn, not a weight;
     # window_impl / conv_impl: which kernel computes the sliding window / the delta
-    # rules' conv path (the same function).
+    # rules' conv path (the same function); hedgehog_distill: a training loss's weight,
+    # like dropout.
     assert ModelConfig.runtime_keys() == {"dtype", "remat", "remat_policy", "impl",
                                           "chunk_size", "max_len", "dropout", "scan_layers",
                                           "performer_redraw_every", "window_impl",
-                                          "conv_impl"}
+                                          "conv_impl", "hedgehog_distill"}
 
 
 def test_base_config_model_section_is_model_config_defaults():
