@@ -23,6 +23,9 @@ Heads, as Zoology's configs give them (models_repo.py): attention and Based 1
 (MHA / Based num_heads=1), DeltaNet and gated delta net 2; the GLA entry there also 2,
 so lightning (our decayed linear attention) gets 2; the other feature-map mixers
 (linear, performer, hedgehog, based) follow Zoology's linear-attention family: 1.
+`hedgehog_distill` is hedgehog trained with its paper's attention distillation beside the
+next-token loss (model.hedgehog_distill = 1; trained on the next-token loss alone it stays
+near MQAR's floor, sessions 22-26).
 Zoology's "Based" is Taylor linear attention after a BaseConv: our `taylor`; our `based`
 adds a sliding window in the same layer (no Zoology counterpart). Sliding window: sized
 by its window as Zoology sizes it (models_repo.py: windows 8 ... 1024 at d128): window 64
@@ -80,6 +83,13 @@ def _mixer(name):
     return entry
 
 
+# Hedgehog trained as its paper trains the maps: beside the next-token loss, each layer's
+# attention distillation against the softmax attention of its own q, k (weight 1).
+HEDGEHOG_DISTILLED = {"name": "hedgehog_distill",
+                      "overrides": {"model.mixer": mixers.HEDGEHOG, "model.num_heads": 1,
+                                    "model.hedgehog_distill": 1.0}}
+
+
 def _width(d):
     return {"name": f"d{d}", "overrides": {"model.d_model": d}}
 
@@ -117,7 +127,7 @@ def get_config(arg: str = "paper"):
     c.overrides = {"logging": {"wandb": "disabled"},
                    "train": {"steps": recipe_train.steps,
                              "grad_accum": recipe_train.grad_accum}}
-    c.mixers = [_mixer(m) for m in MIXERS]
+    c.mixers = [_mixer(m) for m in MIXERS] + [HEDGEHOG_DISTILLED]
     c.sizes = [_width(d) for d in WIDTHS]
     c.lrs = list(recipe.LRS)
     c.seeds = list(SEEDS)

@@ -113,13 +113,13 @@ def test_cells_shards_and_groups(tmp_path):
     cells = populations.cells(full, cfg)
     # 10 mixers x 3 widths, and the sliding window's 5 (window 64 at d64 and d128,
     # windows 16, 32, 128 at d128)
-    assert len(full) == 420 and len(cells) == 35
+    assert len(full) == 456 and len(cells) == 38
     assert all(len(c["runs"]) == 12 for c in cells)    # 4 lrs x 3 seeds
     assert cells[0]["name"] == "T256_kv16__softmax__d64"
     assert "train.lr" not in cells[0]["overrides"]
     # shards split cells, never a cell's runs
     a, b = (populations.select(full, cfg, shard=s) for s in ("0/2", "1/2"))
-    assert (len(a), len(b)) == (18 * 12, 17 * 12)      # 35 cells, whole
+    assert (len(a), len(b)) == (19 * 12, 19 * 12)      # 38 cells, whole
     assert not {r["name"] for r in a} & {r["name"] for r in b}
     assert {populations.cell_name(r) for r in a}.isdisjoint(
         {populations.cell_name(r) for r in b})
