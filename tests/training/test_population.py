@@ -285,3 +285,16 @@ def test_population_on_a_mesh_parks_stopped_members_as_on_one_device(tmp_path):
             assert max(abs(got[k] - want[k]) / abs(want[k]) for k in want) <= 1e-5
             assert [k for k, _ in evals(member_dir(tmp_path / "mesh", lr, s))] == \
                 [k for k, _ in evals(member_dir(tmp_path / "one", lr, s))]
+
+
+def test_members_with_a_layer_loss_equal_separate_runs(tmp_path):
+    # Hedgehog's attention distillation (models.auxiliary) collected inside the vmapped
+    # step: each member still trains as its separate run does.
+    over = {"model.mixer": "hedgehog", "model.hedgehog_distill": 1.0}
+    population.train_population(tiny_config(**over), tmp_path / "pop", LRS[1:], SEEDS)
+    for seed in SEEDS:
+        ref_dir = tmp_path / f"sep_{seed}"
+        loop.train(tiny_config(**over, **{"train.lr": LRS[1], "train.seed": seed}), ref_dir)
+        expected, got = losses(ref_dir), losses(member_dir(tmp_path / "pop", LRS[1], seed))
+        assert sorted(got) == sorted(expected) == list(range(1, 13))
+        assert max(abs(got[s] - expected[s]) for s in expected) <= 1e-6, seed
