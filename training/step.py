@@ -143,7 +143,9 @@ def make_train_step(parts: model_state.ModelParts, tx, grad_accum: int, mesh,
       feature_rng the key of the step's random features (Performer's redraw;
       runtime.Steps.feature_key: one per redraw period) and metrics is
       {"loss": mean masked cross-entropy, "grad_norm": global gradient norm, "finite":
-      True when loss, gradients and new parameters are all finite}.
+      True when loss, gradients and new parameters are all finite}. The gradient is that
+      of the mean cross-entropy plus the auxiliary losses the layers sow while training
+      (models.auxiliary; e.g. model.hedgehog_distill), which "loss" leaves out.
     """
 
     def summed(p, batch, rng, feature_rng):
