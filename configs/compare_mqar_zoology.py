@@ -83,11 +83,13 @@ def _mixer(name):
     return entry
 
 
-# Hedgehog trained as its paper trains the maps: beside the next-token loss, each layer's
-# attention distillation against the softmax attention of its own q, k (weight 1).
-HEDGEHOG_DISTILLED = {"name": "hedgehog_distill",
-                      "overrides": {"model.mixer": mixers.HEDGEHOG, "model.num_heads": 1,
-                                    "model.hedgehog_distill": 1.0}}
+def _hedgehog_distilled():
+    """Hedgehog trained as its paper trains the maps: beside the next-token loss, each
+    layer's attention distillation against the softmax attention of its own q, k
+    (weight 1); otherwise hedgehog's entry."""
+    entry = _mixer(mixers.HEDGEHOG)
+    return {"name": "hedgehog_distill",
+            "overrides": {**entry["overrides"], "model.hedgehog_distill": 1.0}}
 
 
 def _width(d):
@@ -127,7 +129,7 @@ def get_config(arg: str = "paper"):
     c.overrides = {"logging": {"wandb": "disabled"},
                    "train": {"steps": recipe_train.steps,
                              "grad_accum": recipe_train.grad_accum}}
-    c.mixers = [_mixer(m) for m in MIXERS] + [HEDGEHOG_DISTILLED]
+    c.mixers = [_mixer(m) for m in MIXERS] + [_hedgehog_distilled()]
     c.sizes = [_width(d) for d in WIDTHS]
     c.lrs = list(recipe.LRS)
     c.seeds = list(SEEDS)

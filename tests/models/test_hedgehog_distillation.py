@@ -76,26 +76,25 @@ def test_the_layers_loss_is_its_definition(form, scale, floored):
     q = (scale * rng.standard_normal(shape)).astype(np.float32)
     k = (scale * rng.standard_normal(shape)).astype(np.float32)
     got = float(mixer.distillation_loss(jnp.asarray(q), jnp.asarray(k), SEGMENTS))
-    want = reference_loss(q, k, *(np.asarray(a[...], np.float64) for a in (
+    maps = [np.asarray(a[...], np.float64) for a in (
         mixer.feature_map_q.kernel, mixer.feature_map_q.bias, mixer.feature_map_k.kernel,
-        mixer.feature_map_k.bias)), form, SEGMENTS, floor=1e-30)
+        mixer.feature_map_k.bias)]
+    want = reference_loss(q, k, *maps, form, SEGMENTS, floor=1e-30)
     assert got == pytest.approx(want, rel=1e-4)
-    exact = reference_loss(q, k, *(np.asarray(a[...], np.float64) for a in (
-        mixer.feature_map_q.kernel, mixer.feature_map_q.bias, mixer.feature_map_k.kernel,
-        mixer.feature_map_k.bias)), form, SEGMENTS)
+    exact = reference_loss(q, k, *maps, form, SEGMENTS)
     assert (abs(exact - want) > 1e-3 * want) == floored
     grads = nnx.grad(lambda m: m.distillation_loss(jnp.asarray(q), jnp.asarray(k),
                                                    SEGMENTS))(mixer)
     assert all(bool(jnp.all(jnp.isfinite(g))) for g in jax.tree.leaves(grads))
 
 
-def _parts(model):
-    graphdef, params, rest = nnx.split(model, nnx.Param, ...)
-    flat = list(params.flat_state())
-    names = {model_state.path_name(p): tuple(p) for p, _ in flat}
-    shapes = {n: tuple(v.value.shape) for n, (_, v) in zip(names, flat)}
-    parts = model_state.ModelParts(graphdef, params, rest, names,
-                                   {n: None for n in names}, shapes)
+def _parts(cfg):
+    """(ModelParts, flat params) of a LanguageModel of cfg, as training builds them."""
+    def make():
+        return LanguageModel(cfg, rngs=nnx.Rngs(0))
+    graphdef, template, _, names, logical, shapes = model_state.describe(make)
+    _, params, rest = nnx.split(make(), nnx.Param, ...)
+    parts = model_state.ModelParts(graphdef, template, rest, names, logical, shapes)
     return parts, model_state.flat_params(params)
 
 
@@ -103,7 +102,7 @@ def _parts(model):
 def test_the_train_step_adds_the_weighted_layer_losses(remat):
     weight = 0.7
     cfg = tiny_config(mixer="hedgehog", num_layers=2, hedgehog_distill=weight, remat=remat)
-    parts, params = _parts(LanguageModel(cfg, rngs=nnx.Rngs(0)))
+    parts, params = _parts(cfg)
     tokens = np.random.default_rng(1).integers(0, cfg.vocab_size, (2, T + 1))
     batch = {"inputs": jnp.asarray(tokens[:, :-1], jnp.int32),
              "targets": jnp.asarray(tokens[:, 1:], jnp.int32),
