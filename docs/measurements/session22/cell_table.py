@@ -12,8 +12,20 @@ import sys
 
 from eval import intervals
 
+LRS = (1e-4, 4.64e-4, 2.15e-3, 1e-2)  # the paper recipe's logspace(-4, -2, 4), rounded
+HEADER = ("| mixer | size | state | " + " | ".join(f"lr {lr:.3g}" for lr in LRS)
+          + " | best lr: seeds | a new seed, 95% | training s (members) |\n"
+          + "|---|---|---|" + "---|" * len(LRS) + "---|---|---|")
 
-def main(path):
+
+def cell_order(key):
+    """(mixer, size) in the table's order: by mixer, then width, then window."""
+    return key[0], int(key[1][1:].split("_")[0]), key[1]
+
+
+def cell_rows(path):
+    """{(mixer, size): (markdown row, best lr's mean, its 95% half-width, state)} of a
+    sweep's results.jsonl."""
     cells = collections.defaultdict(lambda: collections.defaultdict(dict))
     walls = collections.defaultdict(set)
     state = {}
@@ -23,30 +35,35 @@ def main(path):
         cells[key][r["lr"]][r["seed"]] = r["metrics"]["accuracy"]
         walls[key].add((round(r["train_wall_s"]), r["population"]["members"]))
         state[key] = r["state_size"]
-    lrs = sorted({lr for c in cells.values() for lr in c})
-    print("| mixer | size | state | " + " | ".join(f"lr {lr:.3g}" for lr in lrs)
-          + " | best lr: seeds | a new seed, 95% | training s (members) |")
-    print("|---|---|---|" + "---|" * len(lrs) + "---|---|---|")
-    for key in sorted(cells, key=lambda k: (k[0], int(k[1][1:].split("_")[0]), k[1])):
-        by_lr = cells[key]
+    out = {}
+    for key, by_lr in cells.items():
         ivs = {lr: intervals.mean_interval(by_lr[lr].values()) for lr in by_lr}
         best = max(ivs, key=lambda lr: ivs[lr].mean)
         row = []
-        for lr in lrs:
-            iv = ivs.get(lr)
+        for lr in LRS:
+            iv = next((v for k, v in ivs.items() if abs(k - lr) <= 0.01 * lr), None)
             if iv is None:
                 text = "-"
             elif iv.decided:
                 text = f"{iv.mean:.4f} [{iv.lo:.4f}, {iv.hi:.4f}]"
             else:
                 text = f"{iv.mean:.4f}"
-            row.append(f"**{text}**" if lr == best else text)
+            row.append(f"**{text}**" if iv is ivs[best] else text)
         seeds = " / ".join(f"{by_lr[best][s]:.4f}" for s in sorted(by_lr[best]))
         new = intervals.prediction_interval(by_lr[best].values())
         new_seed = f"[{new.lo:.4f}, {new.hi:.4f}]" if new.decided else "-"
         wall = ", ".join(f"{w} ({m})" for w, m in sorted(walls[key], key=lambda x: -x[1]))
-        print(f"| {key[0]} | {key[1]} | {state[key]:,} | " + " | ".join(row)
-              + f" | {seeds} | {new_seed} | {wall} |")
+        text = (f"| {key[0]} | {key[1]} | {state[key]:,} | " + " | ".join(row)
+                + f" | {seeds} | {new_seed} | {wall} |")
+        out[key] = (text, ivs[best].mean, ivs[best].half, state[key])
+    return out
+
+
+def main(path):
+    print(HEADER)
+    rows = cell_rows(path)
+    for key in sorted(rows, key=cell_order):
+        print(rows[key][0])
 
 
 if __name__ == "__main__":

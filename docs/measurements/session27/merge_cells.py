@@ -1,0 +1,60 @@
+"""Issue 18's MQAR cells from several sessions as one table and one scatter.
+
+Session 27 found the sweep directory of sessions 22-26 (runs/h200, ignored by git) gone
+with the old checkout; what they published is their cell tables (cell_table.md). This
+reads cell tables (the rows as published) and sweeps' results.jsonl (rows made by
+session 22's cell_table.py), a later source replacing an earlier one's cell, prints the
+merged table and draws the recall-vs-state scatter from each cell's best lr (mean, 95%
+half-width, state) with eval.plots.recall_vs_state, as the sweep's own report does.
+
+    PYTHONPATH=$PWD python docs/measurements/session27/merge_cells.py OUT.png \\
+        docs/measurements/session26/cell_table.md docs/measurements/session27/results.jsonl
+"""
+import re
+import sys
+
+from docs.measurements.session22 import cell_table
+from eval import plots, report
+
+# a best-lr entry in a published row: **mean [lo, hi]** (or **mean** for one seed)
+_BEST = re.compile(r"\*\*([0-9.]+)(?: \[(-?[0-9.]+), (-?[0-9.]+)\])?\*\*")
+
+
+def table_rows(path):
+    """{(mixer, size): (row, best mean, half-width, state)} of a published cell table."""
+    out = {}
+    for line in open(path):
+        cols = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cols) < 4 or not cols[2].replace(",", "").isdigit():
+            continue  # the header, its rule, anything else
+        best = _BEST.search(line)
+        if best is None:
+            raise ValueError(f"{path}: no best lr (bold) in row {line.strip()!r}")
+        mean = float(best.group(1))
+        half = (float(best.group(3)) - float(best.group(2))) / 2 if best.group(2) else float("nan")
+        out[(cols[0], cols[1])] = (line.strip(), mean, half, int(cols[2].replace(",", "")))
+    return out
+
+
+def merged(paths):
+    rows = {}
+    for path in paths:
+        rows.update(table_rows(path) if path.endswith(".md") else cell_table.cell_rows(path))
+    return rows
+
+
+def main(png, *paths):
+    rows = merged(paths)
+    print(cell_table.HEADER)
+    for key in sorted(rows, key=cell_table.cell_order):
+        print(rows[key][0])
+    points = [{"setting": "T256_kv16", "mixer": m, "state_size": state, "value": mean,
+               "half": half} for (m, _), (_, mean, half, state) in rows.items()]
+    plots.recall_vs_state(points, png,
+                          metric_label="MQAR accuracy (95% interval over seeds)",
+                          bytes_per_number=report.BYTES_PER_NUMBER)
+    print(f"\n{len(rows)} cells; scatter: {png}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
