@@ -131,8 +131,8 @@ def get_config(arg: str = "paper"):
                              "grad_accum": recipe_train.grad_accum}}
     c.mixers = [_mixer(m) for m in MIXERS] + [_hedgehog_distilled()]
     c.sizes = [_width(d) for d in WIDTHS]
-    c.lrs = list(recipe.LRS)
-    c.seeds = list(SEEDS)
+    c.lrs = tuple(recipe.LRS)  # tuples, so that --config.lrs="(0.01,)" can pick some
+    c.seeds = tuple(SEEDS)  # --config.seeds="(3, 4, 5)": a re-run with new seeds
     c.population = True
     c.runner = "subprocess"
     # per training process: one population of 12 members (or one run)
