@@ -74,7 +74,9 @@ def recall_vs_state(points: Sequence[dict], path: str, metric_label: str = "MQAR
         by_setting[p["setting"]].append(p)
     settings = list(by_setting)
     mixers = sorted({p["mixer"] for p in points} | {r["mixer"] for r in references})
-    colors = {m: plt.cm.tab10(i % 10) for i, m in enumerate(mixers)}
+    # one colour per mixer: tab10 holds ten, tab20 twenty (past that, colours repeat)
+    cmap, n_colors = (plt.cm.tab10, 10) if len(mixers) <= 10 else (plt.cm.tab20, 20)
+    colors = {m: cmap(i % n_colors) for i, m in enumerate(mixers)}
     # wide enough for the legend beside the last panel, where it hides no point
     fig, axes = plt.subplots(1, max(len(settings), 1),
                              figsize=(4.2 * max(len(settings), 1) + 2.2, 4.1),
