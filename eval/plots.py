@@ -56,6 +56,13 @@ def loss_curves(curves: dict[str, Sequence[tuple[int, float]]], path: str,
     return _save(fig, path)
 
 
+def mixer_colors(names: Sequence[str]) -> dict:
+    """{name: RGBA}, distinct for up to 20 names: tab10 up to ten, tab20 up to twenty
+    (past that, colours repeat)."""
+    cmap, n_colors = (plt.cm.tab10, 10) if len(names) <= 10 else (plt.cm.tab20, 20)
+    return {m: cmap(i % n_colors) for i, m in enumerate(names)}
+
+
 def recall_vs_state(points: Sequence[dict], path: str, metric_label: str = "MQAR accuracy",
                     references: Sequence[dict] = (), bytes_per_number: int = 4) -> str:
     """Zoology's recall-memory figure: accuracy against decode state size (log x), by mixer.
@@ -74,9 +81,7 @@ def recall_vs_state(points: Sequence[dict], path: str, metric_label: str = "MQAR
         by_setting[p["setting"]].append(p)
     settings = list(by_setting)
     mixers = sorted({p["mixer"] for p in points} | {r["mixer"] for r in references})
-    # one colour per mixer: tab10 holds ten, tab20 twenty (past that, colours repeat)
-    cmap, n_colors = (plt.cm.tab10, 10) if len(mixers) <= 10 else (plt.cm.tab20, 20)
-    colors = {m: cmap(i % n_colors) for i, m in enumerate(mixers)}
+    colors = mixer_colors(mixers)
     # wide enough for the legend beside the last panel, where it hides no point
     fig, axes = plt.subplots(1, max(len(settings), 1),
                              figsize=(4.2 * max(len(settings), 1) + 2.2, 4.1),
