@@ -37,6 +37,9 @@ def cell_rows(path):
         state[key] = r["state_size"]
     out = {}
     for key, by_lr in cells.items():
+        stray = [lr for lr in by_lr if not any(abs(lr - c) <= 0.01 * c for c in LRS)]
+        if stray:
+            raise ValueError(f"{key}: lrs {stray} are not the paper recipe's {LRS}")
         ivs = {lr: intervals.mean_interval(by_lr[lr].values()) for lr in by_lr}
         best = max(ivs, key=lambda lr: ivs[lr].mean)
         row = []
