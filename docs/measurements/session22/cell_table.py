@@ -37,14 +37,16 @@ def cell_rows(path):
         state[key] = r["state_size"]
     out = {}
     for key, by_lr in cells.items():
-        stray = [lr for lr in by_lr if not any(abs(lr - c) <= 0.01 * c for c in LRS)]
+        column = {lr: next((c for c in LRS if abs(lr - c) <= 0.01 * c), None) for lr in by_lr}
+        stray = [lr for lr, c in column.items() if c is None]
         if stray:
             raise ValueError(f"{key}: lrs {stray} are not the paper recipe's {LRS}")
         ivs = {lr: intervals.mean_interval(by_lr[lr].values()) for lr in by_lr}
         best = max(ivs, key=lambda lr: ivs[lr].mean)
+        by_column = {column[lr]: iv for lr, iv in ivs.items()}
         row = []
         for lr in LRS:
-            iv = next((v for k, v in ivs.items() if abs(k - lr) <= 0.01 * lr), None)
+            iv = by_column.get(lr)
             if iv is None:
                 text = "-"
             elif iv.decided:

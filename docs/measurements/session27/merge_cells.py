@@ -8,11 +8,13 @@ merged table and draws the recall-vs-state scatter from each cell's best lr (mea
 half-width, state) with eval.plots.recall_vs_state, as the sweep's own report does.
 
     PYTHONPATH=$PWD python docs/measurements/session27/merge_cells.py OUT.png \\
-        docs/measurements/session26/cell_table.md docs/measurements/session27/results.jsonl
+        docs/measurements/session26/cell_table.md \\
+        docs/measurements/session27/call_sweep1/results.jsonl
 """
 import re
 import sys
 
+from configs import compare_mqar_zoology
 from docs.measurements.session22 import cell_table
 from eval import plots, report
 
@@ -48,7 +50,8 @@ def main(png, *paths):
     print(cell_table.HEADER)
     for key in sorted(rows, key=cell_table.cell_order):
         print(rows[key][0])
-    points = [{"setting": "T256_kv16", "mixer": m, "state_size": state, "value": mean,
+    setting = compare_mqar_zoology.get_config("paper").settings[0]["name"]  # its one panel
+    points = [{"setting": setting, "mixer": m, "state_size": state, "value": mean,
                "half": half} for (m, _), (_, mean, half, state) in rows.items()]
     plots.recall_vs_state(points, png,
                           metric_label="MQAR accuracy (95% interval over seeds)",
