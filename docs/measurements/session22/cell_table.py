@@ -13,6 +13,16 @@ import sys
 from eval import intervals
 
 LRS = (1e-4, 4.64e-4, 2.15e-3, 1e-2)  # the paper recipe's logspace(-4, -2, 4), rounded
+# Zoology's early stop: a member whose accuracy stays below it ran the whole budget,
+# still learning (where MQAR's sudden rise times differ most between seeds) or at a
+# plateau the mixer cannot pass.
+STOP = 0.99
+BELOW_STOP_MARK = " (below stop)"
+BELOW_STOP_NOTE = ("(below stop): a seed of the best lr ended below Zoology's 0.99 stop after "
+              "the whole budget, still learning or at a plateau (the sliding window's "
+              "0.597). Where still learning, 3 seeds under-state the spread: new seeds "
+              "have landed outside such intervals (session 27: 2 of 3 for "
+              "hedgehog_distill on the CPU recipe).")
 HEADER = ("| mixer | size | state | " + " | ".join(f"lr {lr:.3g}" for lr in LRS)
           + " | best lr: seeds | a new seed, 95% | training s (members) |\n"
           + "|---|---|---|" + "---|" * len(LRS) + "---|---|---|")
@@ -21,6 +31,11 @@ HEADER = ("| mixer | size | state | " + " | ".join(f"lr {lr:.3g}" for lr in LRS)
 def cell_order(key):
     """(mixer, size) in the table's order: by mixer, then width, then window."""
     return key[0], int(key[1][1:].split("_")[0]), key[1]
+
+
+def below_stop(best_seeds) -> bool:
+    """Whether any seed of a cell's best lr ended below the stop (BELOW_STOP_NOTE)."""
+    return min(best_seeds) < STOP
 
 
 def cell_rows(path):
@@ -57,6 +72,8 @@ def cell_rows(path):
         seeds = " / ".join(f"{by_lr[best][s]:.4f}" for s in sorted(by_lr[best]))
         new = intervals.prediction_interval(by_lr[best].values())
         new_seed = f"[{new.lo:.4f}, {new.hi:.4f}]" if new.decided else "-"
+        if below_stop(by_lr[best].values()):
+            new_seed += BELOW_STOP_MARK
         wall = ", ".join(f"{w} ({m})" for w, m in sorted(walls[key], key=lambda x: -x[1]))
         text = (f"| {key[0]} | {key[1]} | {state[key]:,} | " + " | ".join(row)
                 + f" | {seeds} | {new_seed} | {wall} |")
@@ -69,6 +86,7 @@ def main(path):
     rows = cell_rows(path)
     for key in sorted(rows, key=cell_order):
         print(rows[key][0])
+    print("\n" + BELOW_STOP_NOTE)
 
 
 if __name__ == "__main__":

@@ -23,7 +23,9 @@ _BEST = re.compile(r"\*\*([0-9.]+)(?: \[(-?[0-9.]+), (-?[0-9.]+)\])?\*\*")
 
 
 def table_rows(path):
-    """{(mixer, size): (row, best mean, half-width, state)} of a published cell table."""
+    """{(mixer, size): (row, best mean, half-width, state)} of a published cell table,
+    the row's new-seed interval marked where a seed ended below the stop
+    (cell_table.below_stop)."""
     out = {}
     for line in open(path):
         cols = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -34,7 +36,12 @@ def table_rows(path):
             raise ValueError(f"{path}: no best lr (bold) in row {line.strip()!r}")
         mean = float(best.group(1))
         half = (float(best.group(3)) - float(best.group(2))) / 2 if best.group(2) else float("nan")
-        out[(cols[0], cols[1])] = (line.strip(), mean, half, int(cols[2].replace(",", "")))
+        row = line.strip()
+        seeds = [float(x) for x in cols[-3].split(" / ")]
+        if cell_table.below_stop(seeds) and cell_table.BELOW_STOP_MARK not in cols[-2]:
+            cols[-2] += cell_table.BELOW_STOP_MARK  # tables published before the mark
+            row = "| " + " | ".join(cols) + " |"
+        out[(cols[0], cols[1])] = (row, mean, half, int(cols[2].replace(",", "")))
     return out
 
 
@@ -50,6 +57,7 @@ def main(png, *paths):
     print(cell_table.HEADER)
     for key in sorted(rows, key=cell_table.cell_order):
         print(rows[key][0])
+    print("\n" + cell_table.BELOW_STOP_NOTE)
     setting = compare_mqar_zoology.get_config("paper").settings[0]["name"]  # its one panel
     points = [{"setting": setting, "mixer": m, "state_size": state, "value": mean,
                "half": half} for (m, _), (_, mean, half, state) in rows.items()]
