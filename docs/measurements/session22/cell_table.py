@@ -10,19 +10,20 @@ import collections
 import json
 import sys
 
+from configs import mqar_zoology_paper
 from eval import intervals
 
 LRS = (1e-4, 4.64e-4, 2.15e-3, 1e-2)  # the paper recipe's logspace(-4, -2, 4), rounded
-# Zoology's early stop: a member whose accuracy stays below it ran the whole budget,
-# still learning (where MQAR's sudden rise times differ most between seeds) or at a
-# plateau the mixer cannot pass.
-STOP = 0.99
+# Zoology's early stop, as the recipe sets it: a member whose accuracy stays below it ran
+# the whole budget, still learning (where MQAR's sudden rise times differ most between
+# seeds) or at a plateau the mixer cannot pass.
+STOP = mqar_zoology_paper.get_config().train.early_stop_accuracy
 BELOW_STOP_MARK = " (below stop)"
-BELOW_STOP_NOTE = ("(below stop): a seed of the best lr ended below Zoology's 0.99 stop after "
-              "the whole budget, still learning or at a plateau (the sliding window's "
-              "0.597). Where still learning, 3 seeds under-state the spread: new seeds "
-              "have landed outside such intervals (session 27: 2 of 3 for "
-              "hedgehog_distill on the CPU recipe).")
+BELOW_STOP_NOTE = (f"(below stop): a seed of the best lr ended below Zoology's {STOP} stop "
+                   "after the whole budget, still learning or at a plateau (the sliding "
+                   "window's 0.597). Where still learning, 3 seeds under-state the spread: "
+                   "new seeds have landed outside such intervals (session 27: 2 of 3 for "
+                   "hedgehog_distill on the CPU recipe).")
 HEADER = ("| mixer | size | state | " + " | ".join(f"lr {lr:.3g}" for lr in LRS)
           + " | best lr: seeds | a new seed, 95% | training s (members) |\n"
           + "|---|---|---|" + "---|" * len(LRS) + "---|---|---|")
