@@ -5,6 +5,12 @@
         --config.overrides.data.files=path/to/tinyshakespeare/input.txt
     python -m sweeps.run --config=configs/compare_shakespeare.py:tiny \
         --workdir=... --config.overrides.data.files=...   # CPU check
+    python -m sweeps.run --config=configs/compare_shakespeare.py:seeds \
+        --workdir=... --config.overrides.data.files=... --only=softmax_6L,gated_deltanet_8L
+
+:seeds trains every mixer with seeds 0, 1, 2, the three of a mixer together as one
+population (training.population, members vmapped: one model of this size leaves most of
+an H200 idle); each member stops by its own patience, as a separate run does.
 
 nanoGPT `config/train_shakespeare_char.py`: 6 layers, 6 heads, 384 wide, context 256,
 batch 64, dropout 0.2, lr 1e-3, 5,000 steps (best val loss 1.4697; 1.4612 measured on an
@@ -69,6 +75,10 @@ def get_config(arg: str = ""):
         c.sizes = [{"name": "d32", "overrides": {}}]
         c.eval = {"batch_size": 4, "num_batches": 2}
         c.train_timeout_s = 600
+    elif arg == "seeds":  # issue 18: 3 seeds a mixer, for intervals
+        c.seeds = (0, 1, 2)  # a tuple, so that --config.seeds="(3, 4)" can replace it
+        c.population = True
     elif arg:
-        raise ValueError(f"compare_shakespeare: unknown variant {arg!r}; use '' or 'tiny'")
+        raise ValueError(f"compare_shakespeare: unknown variant {arg!r}; use '', 'tiny' "
+                         "or 'seeds'")
     return c

@@ -141,6 +141,25 @@ def test_grid_expansion_of_the_full_configs():
     assert hybrid["model.softmax_every"] == 8 and hybrid["model.num_layers"] == 8
 
 
+def test_shakespeare_seeds_variant_trains_each_mixer_as_a_three_seed_population():
+    """:seeds is the nanoGPT recipe with seeds 0-2, a mixer's three runs one population:
+    cells of three members that differ only in seed, with the recipe's overrides."""
+    from sweeps import grid, populations
+
+    base = grid.expand_grid(load_compare_config("compare_shakespeare"))
+    cfg = load_compare_config("compare_shakespeare", "seeds")
+    assert cfg["population"] is True
+    populations.check_config(cfg)
+    cells = populations.cells(grid.expand_grid(cfg), cfg)
+    assert [c["name"] for c in cells] == [populations.cell_name(r) for r in base]
+    for c, one in zip(cells, base):
+        assert sorted(r["seed"] for r in c["runs"]) == [0, 1, 2]
+        assert {r["lr"] for r in c["runs"]} == {1e-3}
+        shared = {k: v for k, v in one["overrides"].items()
+                  if k not in ("train.lr", "train.seed")}
+        assert c["overrides"] == shared
+
+
 def test_a_mixer_with_its_own_sizes_replaces_the_sweeps_sizes():
     """Zoology sizes the sliding window by its window at d128, the others by width: the
     window's cells are its own, every other mixer keeps the three widths."""
