@@ -157,15 +157,21 @@ def _ordered(values: Iterable[str], order: Sequence[str]) -> list[str]:
 
 
 def lm_table(records: list[dict], best: dict) -> str:
+    """Rows (mixer, size) by best validation loss, lowest first; the interval column
+    marked against the lowest of the same setting and width ([best], [tie], [?]), since
+    a gap inside the seeds' intervals ranks nothing."""
     rows = []
-    for (task, setting, mixer, size), b in best.items():
+    marks = column_marks(best, "lm")
+    for key, b in best.items():
+        task, setting, mixer, size = key
         if task != "lm":
             continue
+        mark = f" [{marks[key]}]" if marks.get(key) else ""
         r0 = b["records"][0]
         m = lambda k: _mean([r["metrics"].get(k) for r in b["records"]])  # noqa: E731
         best_loss = _mean([metric_value(r, "best_val_loss") for r in b["records"]])
         rows.append([mixer, size, r0.get("layers"), r0.get("params"), r0.get("state_size"),
-                     b["lr"], best_loss, _half(b["interval"]), m("val_loss"),
+                     b["lr"], best_loss, _half(b["interval"]) + mark, m("val_loss"),
                      m("perplexity"), m("bits_per_byte"),
                      _mean([r.get("tokens_per_s") for r in b["records"]]),
                      _mean([r.get("wall_s") for r in b["records"]])])

@@ -259,6 +259,24 @@ def test_lm_runs_are_judged_by_their_best_val_loss():
     assert "1.500" in rows[0] and "2.000" in rows[0]                # best, then at the stop
 
 
+def test_lm_table_marks_ties_by_the_seeds_intervals():
+    """Lower loss is better: the lowest mean is [best]; a mixer whose 95% interval
+    overlaps it is [tie]; one whose interval lies above it is unmarked; one seed is [?]."""
+    def lm(mixer, seed, best):
+        return {"task": "lm", "setting": "char", "mixer": mixer, "size": "d", "lr": 1e-3,
+                "seed": seed, "metrics": {"val_loss": best, "best_val_loss": best},
+                "layers": 2, "params": 1, "state_size": 1}
+    losses = {"a": [1.46, 1.47, 1.48], "b": [1.47, 1.48, 1.49], "c": [1.60, 1.61, 1.62],
+              "d": [1.50]}
+    recs = [lm(m, i, v) for m, vals in losses.items() for i, v in enumerate(vals)]
+    table = report.lm_table(recs, report.best_lr(recs))
+    row = {line.split("|")[1].strip(): line for line in table.splitlines()
+           if line.startswith("| ") and not line.startswith("| mixer")}
+    assert "(n 3) [best]" in row["a"] and "(n 3) [tie]" in row["b"]
+    assert "[" not in row["c"].split("|")[8]
+    assert "[?]" in row["d"]
+
+
 def test_recall_scatter_draws_reference_points(monkeypatch, tmp_path):
     """Published points (Zoology's, from the MQAR config) are drawn on every panel at
     their (state size, accuracy), beside the measured curves."""
