@@ -134,6 +134,9 @@ def get_config(arg: str = "paper"):
     c.lrs = tuple(recipe.LRS)  # tuples, so that --config.lrs="(0.01,)" can pick some
     c.seeds = tuple(SEEDS)  # --config.seeds="(3, 4, 5)": a re-run with new seeds
     c.population = True
+    # --config.population_max_members=6: a cell's members in populations of at most 6,
+    # one after another, where all of them at once would not fit in GPU memory
+    c.population_max_members = 0
     c.runner = "subprocess"
     # per training process: one population of 12 members (or one run)
     c.train_timeout_s = 6 * 3600

@@ -206,6 +206,9 @@ def ruler(c):
     # a cell's seeds train as one population (training.population, members vmapped):
     # an 8-layer d256 model at length 512 leaves most of an H200 idle
     c.population = True
+    # --config.population_max_members=6: a cell's members in populations of at most 6,
+    # one after another, where all of them at once would not fit in GPU memory
+    c.population_max_members = 0
     # batches of 16 at length 4,096 keep a softmax layer's scores, if materialised, at
     # 16 x 4 heads x 4096^2 x 4 bytes = 4.3 GB
     c.eval = {"niah": {"length_multiples": (1, 2, 4, 8), "num_depths": 6,

@@ -78,6 +78,9 @@ def get_config(arg: str = ""):
     elif arg == "seeds":  # issue 18: 3 seeds a mixer, for intervals
         c.seeds = (0, 1, 2)  # a tuple, so that --config.seeds="(3, 4)" can replace it
         c.population = True
+        # --config.population_max_members=6: a cell's members in populations of at most 6,
+        # one after another, where all of them at once would not fit in GPU memory
+        c.population_max_members = 0
     elif arg:
         raise ValueError(f"compare_shakespeare: unknown variant {arg!r}; use '', 'tiny' "
                          "or 'seeds'")

@@ -101,11 +101,14 @@ def saved_step(path: pathlib.Path) -> int:
     return max(steps, default=0)
 
 
-def groups(cell_runs: list[dict], workdir: str) -> list[list[dict]]:
+def groups(cell_runs: list[dict], workdir: str, max_members: int = 0) -> list[list[dict]]:
     """The populations to train for one cell's unfinished runs: the members at one saved
     step together (largest step first), each group split into lrs x seeds products
     (training.population trains products): the lrs that lack the same seeds train
-    together, e.g. 1e-4 with seed 2 alone beside the other lrs with seeds 0-2."""
+    together, e.g. 1e-4 with seed 2 alone beside the other lrs with seeds 0-2. With
+    max_members > 0 (the sweep's population_max_members) a product larger than that is
+    cut into products of at most max_members, so that a cell whose 12 members do not fit
+    in a GPU's memory trains as populations one after another."""
     by_step: dict[int, list[dict]] = {}
     for r in cell_runs:
         by_step.setdefault(saved_step(member_dir(workdir, r)), []).append(r)
@@ -118,8 +121,23 @@ def groups(cell_runs: list[dict], workdir: str) -> list[list[dict]]:
         lrs_of: dict[tuple, list] = {}
         for lr, seeds in seeds_of.items():
             lrs_of.setdefault(seeds, []).append(lr)
-        out += [[r for r in rs if r["lr"] in lrs] for lrs in lrs_of.values()]
+        for seeds, lrs in lrs_of.items():
+            for lr_part, seed_part in _products_of_at_most(lrs, seeds, max_members):
+                out.append([r for r in rs if r["lr"] in lr_part and r["seed"] in seed_part])
     return out
+
+
+def _products_of_at_most(lrs: list, seeds: tuple, max_members: int) -> list[tuple]:
+    """(lrs, seeds) pieces covering lrs x seeds once, each of at most max_members runs
+    (0: the whole product): all seeds of an lr together where they fit, since a member's
+    seed sets its data stream and the lr is what the table compares."""
+    if max_members <= 0 or len(lrs) * len(seeds) <= max_members:
+        return [(tuple(lrs), tuple(seeds))]
+    per_seeds = min(len(seeds), max_members)
+    per_lrs = max(1, max_members // per_seeds)
+    return [(tuple(lrs[i:i + per_lrs]), tuple(seeds[j:j + per_seeds]))
+            for i in range(0, len(lrs), per_lrs)
+            for j in range(0, len(seeds), per_seeds)]
 
 
 def population_command(cfg: Mapping, overrides: Mapping, cell_dir: str, lrs, seeds,
@@ -239,8 +257,9 @@ def run_cells(cfg: Mapping, todo: list[dict], workdir: str, *, python: str,
     (groups()), then measures and records each member. `done(run)` is called once per
     run recorded (the progress bar); keep_record / write_outputs: sweeps.runner's and
     sweeps.outputs'."""
+    max_members = int(cfg.get("population_max_members") or 0)
     for cell in cells(todo, cfg):
-        for members in groups(cell["runs"], workdir):
+        for members in groups(cell["runs"], workdir, max_members):
             if deadline is not None and time.time() > deadline:
                 log(f"sweep: time budget of {max_wall_s:.0f}s spent; population "
                     f"{cell['name']} and later ones are left for the next invocation")

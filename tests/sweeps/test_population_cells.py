@@ -144,6 +144,33 @@ def test_cells_shards_and_groups(tmp_path):
                for g in got)
 
 
+def test_population_max_members_cuts_a_cell_into_smaller_products(tmp_path, monkeypatch):
+    """population_max_members: a cell's 4 lrs x 3 seeds train as populations of at most
+    that many members, each an lrs x seeds product, every run in exactly one; a seed
+    count above the limit splits the seeds too. run_cells reads it from the sweep config."""
+    from sweeps import grid, populations
+
+    cfg = load_compare_config("compare_mqar_zoology", "paper")
+    assert cfg["population_max_members"] == 0
+    cell = populations.cells(grid.expand_grid(cfg), cfg)[0]["runs"]
+    everyone = sorted((r["lr"], r["seed"]) for r in cell)
+    for limit, want_sizes in ((0, [12]), (12, [12]), (6, [6, 6]), (5, [3] * 4),
+                              (2, [2, 1] * 4), (1, [1] * 12)):
+        got = populations.groups(cell, str(tmp_path), limit)
+        assert [len(g) for g in got] == want_sizes, limit
+        assert sorted((r["lr"], r["seed"]) for g in got for r in g) == everyone
+        assert all(len({r["lr"] for r in g}) * len({r["seed"] for r in g}) == len(g)
+                   for g in got)
+    seen = []
+    monkeypatch.setattr(populations, "_run_group",
+                        lambda cfg, cell, members, *a: seen.append(len(members)))
+    populations.run_cells(dict(cfg, population_max_members=6), cell, str(tmp_path),
+                          python="python", deadline=None, max_wall_s=0, log=print,
+                          done=lambda r: None, keep_record=lambda *a: None,
+                          write_outputs=lambda: None)
+    assert seen == [6, 6]
+
+
 def test_population_command_is_the_cli_with_the_cells_flags():
     from sweeps import grid, populations
 
