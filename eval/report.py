@@ -159,7 +159,8 @@ def _ordered(values: Iterable[str], order: Sequence[str]) -> list[str]:
 def lm_table(records: list[dict], best: dict) -> str:
     """Rows (mixer, size) by best validation loss, lowest first; the interval column
     marked against the lowest of the same setting and width ([best], [tie], [?]), since
-    a gap inside the seeds' intervals ranks nothing."""
+    a gap inside the seeds' intervals ranks nothing; then where one more seed should
+    land (eval.intervals.prediction_interval), what a re-run is checked against."""
     rows = []
     marks = column_marks(best, "lm")
     for key, b in best.items():
@@ -169,15 +170,18 @@ def lm_table(records: list[dict], best: dict) -> str:
         mark = f" [{marks[key]}]" if marks.get(key) else ""
         r0 = b["records"][0]
         m = lambda k: _mean([r["metrics"].get(k) for r in b["records"]])  # noqa: E731
-        best_loss = _mean([metric_value(r, "best_val_loss") for r in b["records"]])
+        losses = [metric_value(r, "best_val_loss") for r in b["records"]]
+        new_seed = intervals.prediction_interval(losses)
         rows.append([mixer, size, r0.get("layers"), r0.get("params"), r0.get("state_size"),
-                     b["lr"], best_loss, _half(b["interval"]) + mark, m("val_loss"),
+                     b["lr"], _mean(losses), _half(b["interval"]) + mark,
+                     f"[{new_seed.lo:.3f}, {new_seed.hi:.3f}]" if new_seed.decided else "-",
+                     m("val_loss"),
                      m("perplexity"), m("bits_per_byte"),
                      _mean([r.get("tokens_per_s") for r in b["records"]]),
                      _mean([r.get("wall_s") for r in b["records"]])])
     rows.sort(key=lambda r: (r[6] if r[6] is not None else math.inf))
     return md_table(["mixer", "size", "layers", "params", "state_size", "best lr",
-                     "best val loss", "± 95% (n seeds)", "val loss at stop",
+                     "best val loss", "± 95% (n seeds)", "a new seed, 95%", "val loss at stop",
                      "perplexity at stop", "bits/byte at stop", "train tokens/s", "wall s"],
                     rows)
 

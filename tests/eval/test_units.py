@@ -261,7 +261,8 @@ def test_lm_runs_are_judged_by_their_best_val_loss():
 
 def test_lm_table_marks_ties_by_the_seeds_intervals():
     """Lower loss is better: the lowest mean is [best]; a mixer whose 95% interval
-    overlaps it is [tie]; one whose interval lies above it is unmarked; one seed is [?]."""
+    overlaps it is [tie]; one whose interval lies above it is unmarked; one seed is [?].
+    Beside it, the 95% prediction interval of one more seed."""
     def lm(mixer, seed, best):
         return {"task": "lm", "setting": "char", "mixer": mixer, "size": "d", "lr": 1e-3,
                 "seed": seed, "metrics": {"val_loss": best, "best_val_loss": best},
@@ -275,6 +276,10 @@ def test_lm_table_marks_ties_by_the_seeds_intervals():
     assert "(n 3) [best]" in row["a"] and "(n 3) [tie]" in row["b"]
     assert "[" not in row["c"].split("|")[8]
     assert "[?]" in row["d"]
+    # where a new seed should land: mean +- t(0.975, 2) * s * sqrt(1 + 1/3), s = 0.01
+    half = 4.302653 * 0.01 * (4 / 3) ** 0.5
+    assert row["a"].split("|")[9].strip() == f"[{1.47 - half:.3f}, {1.47 + half:.3f}]"
+    assert row["d"].split("|")[9].strip() == "-"
 
 
 def test_recall_scatter_draws_reference_points(monkeypatch, tmp_path):
