@@ -41,14 +41,31 @@ def niah_heatmap(cells: Sequence[dict], path: str,
     return _save(fig, path)
 
 
-def loss_curves(curves: dict[str, Sequence[tuple[int, float]]], path: str,
+def seed_band(runs: Sequence[Sequence[tuple[int, float]]]) -> list[tuple]:
+    """(step, mean, lowest, highest, n) at every step some run of `runs` evaluated, over
+    the runs that reached it (seeds stop early at different steps)."""
+    at: dict[int, list[float]] = defaultdict(list)
+    for pts in runs:
+        for step, loss in pts:
+            at[int(step)].append(float(loss))
+    return [(step, sum(v) / len(v), min(v), max(v), len(v)) for step, v in sorted(at.items())]
+
+
+def loss_curves(curves: dict[str, Sequence[Sequence[tuple[int, float]]]], path: str,
                 ylabel: str = "validation loss (nats/token)") -> str:
-    """One line per run: loss against training step."""
+    """One line per name: loss against training step, the mean over its runs (seeds),
+    with the band from their lowest to highest where there are several."""
     fig, ax = plt.subplots(figsize=(6.5, 4.2))
-    for name, pts in sorted(curves.items()):
-        if pts:
-            xs, ys = zip(*sorted(pts))
-            ax.plot(xs, ys, marker=".", label=name)
+    for name, runs in sorted(curves.items()):
+        runs = [pts for pts in runs if pts]
+        if not runs:
+            continue
+        band = seed_band(runs)
+        xs, mean, lo, hi, _ = zip(*band)
+        label = name if len(runs) == 1 else f"{name} (mean of {len(runs)} seeds, min-max)"
+        (line,) = ax.plot(xs, mean, marker=".", label=label)
+        if len(runs) > 1:
+            ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
     ax.set_xlabel("training step")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)

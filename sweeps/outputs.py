@@ -60,9 +60,11 @@ def plot(cfg: Mapping, records: list[dict], workdir: str) -> list[str]:
     task = cfg["task"]
     best = report.best_lr(records, cfg.get("metric"))
     if task == "lm":
+        # each mixer at its best lr: the mean curve over seeds, their spread as a band
         curves = {f"{k[2]} {k[3]} lr={b['lr']:g}":
-                  b["records"][0]["metrics"].get("curve", []) for k, b in best.items()}
-        if any(curves.values()):
+                  [r["metrics"].get("curve", []) for r in b["records"]]
+                  for k, b in best.items()}
+        if any(any(c) for c in curves.values()):
             written.append(plots.loss_curves(curves,
                                              os.path.join(workdir, "loss_curves.png")))
     elif task in ("mqar", "niah"):

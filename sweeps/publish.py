@@ -91,7 +91,7 @@ def collect(sweeps_dir: str, docs_dir: str, device_file: str | None = None) -> d
             shutil.copyfile(png, os.path.join(docs_dir, name))
             plots.append(name)
         incomplete = incomplete_runs(path)
-        curves = {f"{r['run']} (stopped at step {r['last_step']})": r["curve"]
+        curves = {f"{r['run']} (stopped at step {r['last_step']})": [r["curve"]]
                   for r in incomplete if r.get("curve")}
         if curves:  # stopped runs still have their validation curves
             from eval import plots as plotting

@@ -282,6 +282,28 @@ def test_lm_table_marks_ties_by_the_seeds_intervals():
     assert row["d"].split("|")[9].strip() == "-"
 
 
+def test_loss_curves_draw_the_seeds_mean_and_spread(monkeypatch, tmp_path):
+    """Several seeds of a mixer: one line at their mean over the seeds that reached each
+    step (early stops differ), a band from the lowest to the highest; one run: its line."""
+    from eval import plots
+    figs = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figs.append(fig) or path)
+    seeds = [[(250, 2.0), (500, 1.0)], [(250, 4.0), (500, 3.0), (750, 2.5)]]
+    assert plots.seed_band(seeds) == [(250, 3.0, 2.0, 4.0, 2), (500, 2.0, 1.0, 3.0, 2),
+                                      (750, 2.5, 2.5, 2.5, 1)]
+    plots.loss_curves({"a": seeds, "b": [[(250, 5.0), (500, 4.0)]], "c": [[]]},
+                      str(tmp_path / "x.png"))
+    (fig,) = figs
+    (ax,) = fig.axes
+    lines = {line.get_label(): line for line in ax.get_lines()}
+    assert set(lines) == {"a (mean of 2 seeds, min-max)", "b"}
+    a = lines["a (mean of 2 seeds, min-max)"]
+    assert list(a.get_xdata()) == [250, 500, 750] and list(a.get_ydata()) == [3.0, 2.0, 2.5]
+    (band,) = ax.collections                      # only the mixer with several seeds
+    ys = band.get_paths()[0].vertices[:, 1]
+    assert min(ys) == 1.0 and max(ys) == 4.0
+
+
 def test_recall_scatter_draws_reference_points(monkeypatch, tmp_path):
     """Published points (Zoology's, from the MQAR config) are drawn on every panel at
     their (state size, accuracy), beside the measured curves."""
