@@ -73,6 +73,10 @@ def check_config(cfg: Mapping) -> None:
                          f"seed_key={cfg.get('seed_key')!r}")
     if any(r.get("lr") is None for r in grid.expand_grid(cfg)):
         raise ValueError("population: True needs the sweep's `lrs` (one or more)")
+    limit = cfg.get("population_max_members") or 0
+    if not isinstance(limit, int) or limit < 0:
+        raise ValueError(f"population_max_members={limit!r}: the most members a "
+                         "population may have, a whole number >= 1 (0: no limit)")
 
 
 def select(full: list[dict], cfg: Mapping, only: str = "",

@@ -169,6 +169,9 @@ def test_population_max_members_cuts_a_cell_into_smaller_products(tmp_path, monk
                           done=lambda r: None, keep_record=lambda *a: None,
                           write_outputs=lambda: None)
     assert seen == [6, 6]
+    for bad in (-1, 2.5):
+        with pytest.raises(ValueError, match="population_max_members"):
+            populations.check_config(dict(cfg, population_max_members=bad))
 
 
 def test_population_command_is_the_cli_with_the_cells_flags():
