@@ -133,8 +133,9 @@ def groups(cell_runs: list[dict], workdir: str, max_members: int = 0) -> list[li
 
 def _products_of_at_most(lrs: list, seeds: tuple, max_members: int) -> list[tuple]:
     """(lrs, seeds) pieces covering lrs x seeds once, each of at most max_members runs
-    (0: the whole product): all seeds of an lr together where they fit, since a member's
-    seed sets its data stream and the lr is what the table compares."""
+    (0: the whole product). An lr's seeds stay together where they fit, so that a sweep
+    stopped between populations leaves lrs with all their seeds (a table point is an
+    lr's mean over its seeds) rather than every lr with some."""
     if max_members <= 0 or len(lrs) * len(seeds) <= max_members:
         return [(tuple(lrs), tuple(seeds))]
     per_seeds = min(len(seeds), max_members)
