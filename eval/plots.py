@@ -55,7 +55,8 @@ def loss_curves(curves: dict[str, Sequence[Sequence[tuple[int, float]]]], path: 
                 ylabel: str = "validation loss (nats/token)") -> str:
     """One line per name: loss against training step, the mean over its runs (seeds),
     with the band from their lowest to highest where there are several."""
-    fig, ax = plt.subplots(figsize=(6.5, 4.2))
+    # the legend beside the axes, not over the curves (13 mixers' names cover them)
+    fig, ax = plt.subplots(figsize=(10, 4.2))
     for name, runs in sorted(curves.items()):
         runs = [pts for pts in runs if pts]
         if not runs:
@@ -69,7 +70,7 @@ def loss_curves(curves: dict[str, Sequence[Sequence[tuple[int, float]]]], path: 
     ax.set_xlabel("training step")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
     return _save(fig, path)
 
 
