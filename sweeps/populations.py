@@ -23,6 +23,11 @@ from their checkpoints. Members of one
 cell at different steps (a grid or --only changed between invocations) cannot share a
 population (they would have to step together): they are trained as one population per
 step they stand at, largest step first. --shard splits the grid by cells.
+
+Memory: a population that runs out of memory (XLA's RESOURCE_EXHAUSTED) is tried again
+as two populations of half its size, one after the other, and so on down to one member,
+which is then recorded as failed; `population_max_members` in the sweep config sets the
+largest population from the start (no failed attempts to compile and allocate first).
 """
 from __future__ import annotations
 
@@ -264,16 +269,45 @@ def run_cells(cfg: Mapping, todo: list[dict], workdir: str, *, python: str,
     sweeps.outputs'."""
     max_members = int(cfg.get("population_max_members") or 0)
     for cell in cells(todo, cfg):
-        for members in groups(cell["runs"], workdir, max_members):
+        pending = groups(cell["runs"], workdir, max_members)
+        while pending:
+            members = pending.pop(0)
             if deadline is not None and time.time() > deadline:
                 log(f"sweep: time budget of {max_wall_s:.0f}s spent; population "
                     f"{cell['name']} and later ones are left for the next invocation")
                 return
-            _run_group(cfg, cell, members, workdir, python, log, done, keep_record)
+            if _run_group(cfg, cell, members, workdir, python, log, done, keep_record,
+                          halve_if_out_of_memory=len(members) > 1):
+                parts = halves(members)  # each resumes where its members saved
+                log(f"sweep: population {cell['name']} ran out of memory with "
+                    f"{len(members)} members; next: populations of "
+                    f"{' + '.join(str(len(part)) for part in parts)}")
+                pending = parts + pending
             write_outputs()
 
 
-def _run_group(cfg, cell, members, workdir, python, log, done, keep_record) -> None:
+def halves(members: list[dict]) -> list[list[dict]]:
+    """A population's runs as lrs x seeds products of at most half its size (rounded
+    up): what is tried after it ran out of memory."""
+    lrs = list(dict.fromkeys(r["lr"] for r in members))
+    seeds = tuple(dict.fromkeys(r["seed"] for r in members))
+    return [[r for r in members if r["lr"] in lr_part and r["seed"] in seed_part]
+            for lr_part, seed_part in _products_of_at_most(lrs, seeds,
+                                                           (len(members) + 1) // 2)]
+
+
+def out_of_memory(error: BaseException) -> bool:
+    """Whether a population failed for want of accelerator or host memory (XLA's
+    RESOURCE_EXHAUSTED, in-process or quoted from a subprocess's log)."""
+    text = str(error)
+    return (isinstance(error, MemoryError) or "RESOURCE_EXHAUSTED" in text
+            or "Out of memory while trying to allocate" in text)
+
+
+def _run_group(cfg, cell, members, workdir, python, log, done, keep_record,
+               halve_if_out_of_memory=False) -> bool:
+    """Trains one population and records its members; True (nothing recorded) where it
+    ran out of memory and halve_if_out_of_memory says to try smaller ones instead."""
     cell_dir = os.path.join(workdir, cell["name"])
     os.makedirs(cell_dir, exist_ok=True)
     lrs = list(dict.fromkeys(r["lr"] for r in members))
@@ -288,6 +322,8 @@ def _run_group(cfg, cell, members, workdir, python, log, done, keep_record) -> N
             train_subprocess(cfg, cmd, os.path.join(cell_dir, "population.log"),
                              cell["name"], python)
     except Exception as e:  # noqa: BLE001 (one failed population must not stop the sweep)
+        if halve_if_out_of_memory and out_of_memory(e):
+            return True
         for r in members:
             run_dir = os.path.join(workdir, r["name"])
             os.makedirs(run_dir, exist_ok=True)
@@ -295,7 +331,7 @@ def _run_group(cfg, cell, members, workdir, python, log, done, keep_record) -> N
                         {"error": f"population {cell['name']}: {type(e).__name__}: {e}"})
             done(r)
         log(f"sweep: population {cell['name']} FAILED: {type(e).__name__}: {str(e)[:500]}")
-        return
+        return False
     train_wall = time.time() - t0
     gone = diverged(cell_dir)
     from training.population import member_name
@@ -319,3 +355,4 @@ def _run_group(cfg, cell, members, workdir, python, log, done, keep_record) -> N
             log(f"sweep: {r['name']} done (population of {len(members)}, "
                 f"{train_wall:.0f}s): {metrics}")
         done(r)
+    return False

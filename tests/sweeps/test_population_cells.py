@@ -163,7 +163,7 @@ def test_population_max_members_cuts_a_cell_into_smaller_products(tmp_path, monk
                    for g in got)
     seen = []
     monkeypatch.setattr(populations, "_run_group",
-                        lambda cfg, cell, members, *a: seen.append(len(members)))
+                        lambda cfg, cell, members, *a, **kw: seen.append(len(members)))
     populations.run_cells(dict(cfg, population_max_members=6), cell, str(tmp_path),
                           python="python", deadline=None, max_wall_s=0, log=print,
                           done=lambda r: None, keep_record=lambda *a: None,
@@ -172,6 +172,57 @@ def test_population_max_members_cuts_a_cell_into_smaller_products(tmp_path, monk
     for bad in (-1, 2.5):
         with pytest.raises(ValueError, match="population_max_members"):
             populations.check_config(dict(cfg, population_max_members=bad))
+
+
+def test_a_population_out_of_memory_is_tried_again_as_two_halves(tmp_path, monkeypatch):
+    """A population that runs out of memory is split into two lrs x seeds products of
+    half its size, again while they do (each member resumes from its own checkpoints);
+    one member out of memory, or any other error, is recorded as failed."""
+    from sweeps import grid, populations
+
+    cfg = dict(load_compare_config("compare_mqar_zoology", "paper"), runner="inprocess")
+    cell = populations.cells(grid.expand_grid(cfg), cfg)[0]
+    tried, records = [], {}
+
+    oom = "RESOURCE_EXHAUSTED: Out of memory while trying to allocate 35.90GiB"
+
+    def train(cfg, overrides, cell_dir, lrs, seeds, fits=3, error=oom):
+        tried.append(len(lrs) * len(seeds))
+        if len(lrs) * len(seeds) > fits:
+            raise RuntimeError(f"the population exited with 1; end of its log:\n{error}")
+
+    monkeypatch.setattr(populations, "measure",
+                        lambda cfg, run, *a: {"metrics": {}, "run": run["name"]})
+    logs = []
+
+    def run(cell_runs):
+        tried.clear()
+        records.clear()
+        populations.run_cells(cfg, cell_runs, str(tmp_path), python="python",
+                              deadline=None, max_wall_s=0, log=logs.append,
+                              done=lambda r: None,
+                              keep_record=lambda d, name, rec: records.update(
+                                  {os.path.basename(d): name}),
+                              write_outputs=lambda: None)
+
+    monkeypatch.setattr(populations, "train_inprocess", train)
+    run(cell["runs"])
+    assert tried == [12, 6, 3, 3, 6, 3, 3]
+    assert sorted(records) == sorted(r["name"] for r in cell["runs"])
+    assert set(records.values()) == {"done.json"}
+    assert any("ran out of memory with 12 members; next: populations of 6 + 6" in line
+               for line in logs)
+
+    monkeypatch.setattr(populations, "train_inprocess",
+                        lambda *a: train(*a, fits=0))                   # never fits
+    run(cell["runs"][:1])
+    assert tried == [1] and set(records.values()) == {"failed.json"}
+
+    monkeypatch.setattr(populations, "train_inprocess",
+                        lambda *a: train(*a, fits=0, error="INVALID_ARGUMENT: shapes"))
+    run(cell["runs"])
+    assert tried == [12] and len(records) == 12
+    assert set(records.values()) == {"failed.json"}
 
 
 def test_population_command_is_the_cli_with_the_cells_flags():
