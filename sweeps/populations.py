@@ -130,22 +130,24 @@ def groups(cell_runs: list[dict], workdir: str, max_members: int = 0) -> list[li
         lrs_of: dict[tuple, list] = {}
         for lr, seeds in seeds_of.items():
             lrs_of.setdefault(seeds, []).append(lr)
-        for seeds, lrs in lrs_of.items():
-            for lr_part, seed_part in _products_of_at_most(lrs, seeds, max_members):
-                out.append([r for r in rs if r["lr"] in lr_part and r["seed"] in seed_part])
+        for lrs in lrs_of.values():
+            out += _split_product([r for r in rs if r["lr"] in lrs], max_members)
     return out
 
 
-def _products_of_at_most(lrs: list, seeds: tuple, max_members: int) -> list[tuple]:
-    """(lrs, seeds) pieces covering lrs x seeds once, each of at most max_members runs
-    (0: the whole product). An lr's seeds stay together where they fit, so that a sweep
-    stopped between populations leaves lrs with all their seeds (a table point is an
-    lr's mean over its seeds) rather than every lr with some."""
-    if max_members <= 0 or len(lrs) * len(seeds) <= max_members:
-        return [(tuple(lrs), tuple(seeds))]
+def _split_product(runs: list[dict], max_members: int) -> list[list[dict]]:
+    """Runs that form an lrs x seeds product, cut into products of at most max_members
+    runs (0: the whole product), each run in one. An lr's seeds stay together where they
+    fit, so that a sweep stopped between populations leaves lrs with all their seeds (a
+    table point is an lr's mean over its seeds) rather than every lr with some."""
+    if max_members <= 0 or len(runs) <= max_members:
+        return [runs]
+    lrs = list(dict.fromkeys(r["lr"] for r in runs))
+    seeds = list(dict.fromkeys(r["seed"] for r in runs))
     per_seeds = min(len(seeds), max_members)
     per_lrs = max(1, max_members // per_seeds)
-    return [(tuple(lrs[i:i + per_lrs]), tuple(seeds[j:j + per_seeds]))
+    return [[r for r in runs if r["lr"] in lrs[i:i + per_lrs]
+             and r["seed"] in seeds[j:j + per_seeds]]
             for i in range(0, len(lrs), per_lrs)
             for j in range(0, len(seeds), per_seeds)]
 
@@ -289,11 +291,7 @@ def run_cells(cfg: Mapping, todo: list[dict], workdir: str, *, python: str,
 def halves(members: list[dict]) -> list[list[dict]]:
     """A population's runs as lrs x seeds products of at most half its size (rounded
     up): what is tried after it ran out of memory."""
-    lrs = list(dict.fromkeys(r["lr"] for r in members))
-    seeds = tuple(dict.fromkeys(r["seed"] for r in members))
-    return [[r for r in members if r["lr"] in lr_part and r["seed"] in seed_part]
-            for lr_part, seed_part in _products_of_at_most(lrs, seeds,
-                                                           (len(members) + 1) // 2)]
+    return _split_product(members, (len(members) + 1) // 2)
 
 
 def out_of_memory(error: BaseException) -> bool:
