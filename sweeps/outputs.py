@@ -9,14 +9,40 @@ import sys
 from typing import Mapping
 
 
-def read_records(runs: list[dict], workdir: str) -> tuple[list[dict], list[str]]:
-    """(records of finished and partial runs, one line per failed or partial run)."""
+def records_file(path: str) -> dict[str, dict]:
+    """The records of a results.jsonl, by run name (empty when the file is absent). A line
+    that does not parse is named on stderr and left out."""
+    if not os.path.isfile(path):
+        return {}
+    found = {}
+    with open(path) as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                found[rec["run"]] = rec
+            except (json.JSONDecodeError, KeyError, TypeError) as e:
+                print(f"sweep: {path} line {number} left out ({type(e).__name__}: {e})",
+                      file=sys.stderr)
+    return found
+
+
+def read_records(runs: list[dict], workdir: str, extra: Mapping[str, dict] | None = None
+                 ) -> tuple[list[dict], list[str]]:
+    """(records of finished and partial runs, one line per failed or partial run).
+
+    A run's record file in its directory decides; `extra` (records by run name, e.g. from
+    another copy of the sweep's results.jsonl) supplies the runs that have none here."""
     records, failed = [], []
     for run in runs:
         run_dir = os.path.join(workdir, run["name"])
         done, fail, partial = (os.path.join(run_dir, f)
                                for f in ("done.json", "failed.json", "partial.json"))
-        if os.path.isfile(done):
+        if not any(os.path.isfile(f) for f in (done, fail, partial)):
+            if extra and run["name"] in extra:
+                records.append(extra[run["name"]])
+        elif os.path.isfile(done):
             with open(done) as f:
                 records.append(json.load(f))
         elif os.path.isfile(fail):
@@ -31,13 +57,16 @@ def read_records(runs: list[dict], workdir: str) -> tuple[list[dict], list[str]]
     return records, failed
 
 
-def write_outputs(cfg: Mapping, runs: list[dict], workdir: str) -> list[dict]:
-    """results.jsonl, results.md and plots from every run's record file, in grid order."""
+def write_outputs(cfg: Mapping, runs: list[dict], workdir: str,
+                  extra: Mapping[str, dict] | None = None) -> list[dict]:
+    """results.jsonl, results.md and plots from every run's record file (and `extra`'s
+    records of runs without one: read_records), in grid order."""
     from eval import report
 
-    records, failed = read_records(runs, workdir)
-    write_atomic(os.path.join(workdir, "results.jsonl"),
-                 "".join(json.dumps(r) + "\n" for r in records))
+    records, failed = read_records(runs, workdir, extra)
+    results = os.path.join(workdir, "results.jsonl")
+    keep_dropped_lines(results, {r["run"] for r in records})
+    write_atomic(results, "".join(json.dumps(r) + "\n" for r in records))
     try:
         written = plot(cfg, records, workdir)
     except Exception as e:  # noqa: BLE001 (a plot must never lose the tables)
@@ -91,6 +120,21 @@ def plot(cfg: Mapping, records: list[dict], workdir: str) -> list[str]:
         written.append(plots.speed_plot(speed_series(records),
                                         os.path.join(workdir, "speed.png")))
     return written
+
+
+def keep_dropped_lines(results: str, kept_runs: set[str]) -> None:
+    """Before results.jsonl is rewritten without some of its lines (their runs have no
+    record file here: a directory copied without its run folders, or sweeps merged by
+    hand), the file as it was goes to results.previous.jsonl, so no result is lost."""
+    dropped = sorted(set(records_file(results)) - kept_runs)
+    if not dropped:
+        return
+    previous = os.path.join(os.path.dirname(results), "results.previous.jsonl")
+    with open(results) as f:
+        write_atomic(previous, f.read())
+    print(f"sweep: {len(dropped)} record(s) of results.jsonl have no run directory here "
+          f"(first: {dropped[0]}); the old file is kept as {previous} (--records="
+          f"{previous} puts them back in the tables)", file=sys.stderr)
 
 
 def write_atomic(path: str, text: str) -> None:

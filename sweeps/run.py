@@ -11,7 +11,9 @@ checkpoint; the sweep exits with one line (128 + the signal). A second invocatio
 runs with `done.json` and resumes the stopped one, so a killed sweep carries on where it
 stopped; `results.jsonl`, `results.md` (tables at the best lr per
 setting, mixer and size) and the PNG plots are rewritten after every run
-(sweeps.outputs). The `speed` task trains nothing: it times each mixer's train.py step
+(sweeps.outputs). `--report_only --records=a/results.jsonl,b/results.jsonl` rebuilds
+them with the records of other copies of the sweep (say, calls on different machines) for
+the runs that have no record file here. The `speed` task trains nothing: it times each mixer's train.py step
 and decoding in-process (eval.speed).
 """
 from __future__ import annotations
@@ -50,9 +52,12 @@ def main(argv):
     if f.runner:
         cfg["runner"] = f.runner
     confirm = None if f.yes or not sys.stdin.isatty() else _ask_if_long
+    if f.records and not f.report_only:
+        raise ValueError("--records goes with --report_only (it only rebuilds the tables)")
     try:
         records = runner.sweep(cfg, f.workdir, max_wall_s=f.max_wall_s, only=f.only,
-                               shard=f.shard, report_only=f.report_only, confirm=confirm)
+                               shard=f.shard, report_only=f.report_only, confirm=confirm,
+                               records_from=tuple(f.records))
     except runner.SweepInterrupted as e:
         print(f"{e}.", file=sys.stderr, flush=True)
         sys.exit(128 + e.signum)
@@ -91,6 +96,9 @@ if __name__ == "__main__":
     flags.DEFINE_string("shard", "0/1", "i/n: run grid entries i, i+n, ... (n processes "
                         "sharing one sweep directory).")
     flags.DEFINE_bool("report_only", False, "Run nothing; rebuild the tables and plots.")
+    flags.DEFINE_list("records", [], "With --report_only: results.jsonl files (e.g. of "
+                      "other copies of this sweep) whose records fill in the grid's runs "
+                      "that have no record file in --workdir.")
     flags.DEFINE_bool("yes", False, "Start without asking, however long the estimate (a "
                       "terminal is asked when the estimate passes an hour).")
     flags.DEFINE_enum("runner", None, ["subprocess", "inprocess"],

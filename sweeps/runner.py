@@ -235,13 +235,16 @@ def keep_record(run_dir: str, name: str, record: Mapping) -> None:
 
 def sweep(cfg: Mapping[str, Any], workdir: str, *, python: str = sys.executable,
           max_wall_s: float = 0.0, only: str = "", progress: bool = True,
-          shard: str = "0/1", report_only: bool = False, confirm=None) -> list[dict]:
+          shard: str = "0/1", report_only: bool = False, confirm=None,
+          records_from: tuple[str, ...] = ()) -> list[dict]:
     """Runs every unfinished run of the grid, one after another; returns all records.
 
     shard "i/n": run only every n-th grid entry from the i-th, so n processes (on one GPU
     or several) share a sweep directory.
     only: run only grid entries whose name contains it, or (comma-separated) any of them.
-    report_only: run nothing, rebuild results.jsonl / results.md / plots.
+    report_only: run nothing, rebuild results.jsonl / results.md / plots; records_from
+      (paths of results.jsonl files, e.g. other copies of this sweep) then supplies the
+      grid's runs that have no record file in workdir (a later file wins a run).
     confirm: called with the time estimate before the first run; False runs nothing.
     The tables and plots cover every finished run of the grid, whatever only/shard say
     (other invocations may have run the rest).
@@ -254,7 +257,12 @@ def sweep(cfg: Mapping[str, Any], workdir: str, *, python: str = sys.executable,
     mine = grid.select(full, only, shard)
     os.makedirs(workdir, exist_ok=True)
     if report_only:
-        return outputs.write_outputs(cfg, full, workdir)
+        extra = {}
+        for path in records_from:
+            if not os.path.isfile(path):
+                raise FileNotFoundError(f"--records: no file {path}")
+            extra.update(outputs.records_file(path))
+        return outputs.write_outputs(cfg, full, workdir, extra)
     deadline = time.time() + max_wall_s if max_wall_s else None
     todo = [r for r in mine
             if not os.path.isfile(os.path.join(workdir, r["name"], "done.json"))]

@@ -106,6 +106,42 @@ def test_shards_split_the_grid_and_share_the_tables(mqar_sweep, tmp_path):
             grid.parse_shard(bad)
 
 
+def test_report_only_merges_other_copies_and_keeps_lines_it_drops(mqar_sweep, tmp_path):
+    """A directory holding only results.jsonl (copied without its run folders): rebuilding
+    its tables saves the old file as results.previous.jsonl rather than losing it;
+    --records puts those records back (grid order; a run's own record file wins)."""
+    from sweeps import runner
+
+    cfg, workdir, records, _ = mqar_sweep
+    wd = tmp_path / "lines_only"
+    wd.mkdir()
+    first, second = (dict(r) for r in records)
+    old_text = "".join(json.dumps(r) + "\n" for r in (second, first)) + "not json\n"
+    (wd / "results.jsonl").write_text(old_text)
+    assert runner.sweep(cfg, str(wd), only="softmax", report_only=True,
+                        progress=False) == []
+    assert (wd / "results.jsonl").read_text() == ""
+    assert (wd / "results.previous.jsonl").read_text() == old_text
+
+    other = tmp_path / "other_copy.jsonl"
+    other.write_text(json.dumps(first) + "\n")
+    merged = runner.sweep(cfg, str(wd), only="softmax", report_only=True, progress=False,
+                          records_from=(str(wd / "results.previous.jsonl"), str(other)))
+    assert merged == [first, second]
+    assert [json.loads(x) for x in (wd / "results.jsonl").read_text().splitlines()] == merged
+    assert "2 finished runs" in (wd / "results.md").read_text()
+
+    newer = dict(second, metrics=dict(second["metrics"], accuracy=0.123456))
+    (wd / second["run"]).mkdir()
+    (wd / second["run"] / "done.json").write_text(json.dumps(newer))
+    again = runner.sweep(cfg, str(wd), only="softmax", report_only=True, progress=False,
+                         records_from=(str(other),))
+    assert again == [first, newer]
+    with pytest.raises(FileNotFoundError, match="no file"):
+        runner.sweep(cfg, str(wd), report_only=True, progress=False,
+                     records_from=(str(tmp_path / "absent.jsonl"),))
+
+
 def test_only_filters_what_runs_not_what_the_tables_show(mqar_sweep, tmp_path):
     """--only picks the runs of this invocation; results.jsonl / results.md still cover
     every finished run (e.g. ones an earlier --only invocation ran)."""
