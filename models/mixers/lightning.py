@@ -23,7 +23,7 @@ from flax import nnx
 
 from kernels import context_parallel
 from models.config import ModelConfig
-from models.layers import ShortConv, dense, dtypes, rms_norm
+from models.layers import ShortConv, dense, dtypes, rms_norm, unstack
 from models.mixers.recurrent import RecurrentMixer
 from models.mixers.registry import LIGHTNING, register
 
@@ -65,8 +65,11 @@ class LightningAttention(RecurrentMixer):
             qkv, conv = self.qkv_conv(qkv, segment_ids=segment_ids,
                                       state=(conv_state or {}).get("qkv"))
             new_conv = {"qkv": conv}
-        qkv = qkv.reshape(b, t, 3, h, d)
-        return {"q": qkv[:, :, 0], "k": qkv[:, :, 1], "v": qkv[:, :, 2]}, new_conv
+        # a split (layers.unstack), not qkv[:, :, i]: the indexing's gradient is three
+        # zero-padded copies summed, which XLA's CPU fuses into the projection's weight
+        # gradient as one slow transposing loop (docs/benchmarks.md, session 30)
+        q, k, v = unstack(qkv.reshape(b, t, 3, h, d), 2)
+        return {"q": q, "k": k, "v": v}, new_conv
 
     def _conv_state(self, batch: int):
         if self.qkv_conv is None:
