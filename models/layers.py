@@ -7,6 +7,7 @@ placed later by the training code's shardings.
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import jax
@@ -195,27 +196,96 @@ def _conv_taps(xp, segp, kernel, bias, activation: bool):
     """The conv of xp's last T positions, xp (B, c-1+T, *C) holding the c-1 inputs before
     them first; segp (B, c-1+T) their segment ids (-1 for a state) or None; kernel
     (c, *C), bias (*C) or None."""
-    # Sums, bias and SiLU in float32 whatever the input dtype (fla's causal_conv1d
-    # accumulates in float32 too): a bfloat16 sum of the taps rounds at every add, and
-    # the weights' gradient would be reduced over B x T in bfloat16. The casts sit inside
-    # the same fusion, so no extra memory traffic.
+    c = kernel.shape[0]
+    t = xp.shape[1] - (c - 1)
+    # keep[i] (B, T): tap i (reading x_{t - (c-1-i)}) lies in the query's segment
+    keep = (None if segp is None else
+            jnp.stack([segp[:, i:i + t] == segp[:, c - 1:] for i in range(c)]))
+    return _conv_taps_fn(activation, xp, keep, kernel, bias)
+
+
+def _summed_to_type_of(cotangent, primal):
+    """The cotangent summed over the manual mesh axes (inside shard_map: the sequence-split
+    conv) it varies over and its primal does not, as autodiff does for a weight that every
+    device applies to its own part of the sequence."""
+    extra = tuple(sorted(_varying_axes(cotangent) - _varying_axes(primal)))
+    return jax.lax.psum(cotangent, extra) if extra else cotangent
+
+
+def _varying_axes(x) -> frozenset:
+    """The manual mesh axes x's type varies over (jax 0.10+: manual_axis_type; before:
+    vma)."""
+    aval = jax.typeof(x)
+    axis_type = getattr(aval, "manual_axis_type", None)
+    if axis_type is not None:
+        return frozenset(axis_type.varying)
+    return frozenset(getattr(aval, "vma", ()))
+
+
+def _rows_where(mask, x):
+    """x where mask (x's first two axes) holds, else 0; x itself when mask is None."""
+    if mask is None:
+        return x
+    return jnp.where(mask.reshape(mask.shape + (1,) * (x.ndim - 2)), x, 0)
+
+
+def _conv_pre(xp, keep, kernel, bias):
+    """sum_i keep_i x_{t-(c-1-i)} w_i (+ b) in float32 (fla's causal_conv1d accumulates in
+    float32 too: a bfloat16 sum of the taps rounds at every add, and the weights' gradient
+    would be reduced over B x T in bfloat16)."""
     c = kernel.shape[0]
     t = xp.shape[1] - (c - 1)
     w = kernel.astype(jnp.float32)
-    channel_axes = (1,) * (xp.ndim - 2)
-    y = jnp.zeros((xp.shape[0], t) + xp.shape[2:], jnp.float32)
-    for i in range(c):
-        back = c - 1 - i  # this tap reads x_{t - back}
-        tap = xp[:, i:i + t].astype(jnp.float32)
-        if segp is not None and back > 0:
-            same = segp[:, i:i + t] == segp[:, c - 1:]
-            tap = jnp.where(same.reshape(same.shape + channel_axes), tap, 0)
-        y = y + tap * w[i]
-    if bias is not None:
-        y = y + bias.astype(jnp.float32)
-    if activation:
-        y = jax.nn.silu(y)
-    return y.astype(xp.dtype)
+    y = sum(_rows_where(None if keep is None else keep[i],
+                        xp[:, i:i + t].astype(jnp.float32)) * w[i] for i in range(c))
+    return y if bias is None else y + bias.astype(jnp.float32)
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _conv_taps_fn(activation: bool, xp, keep, kernel, bias):
+    """The conv (silu(_conv_pre) when activation) in xp's dtype; keep (c, B, T) bool or
+    None (every tap kept)."""
+    y = _conv_pre(xp, keep, kernel, bias)
+    return (jax.nn.silu(y) if activation else y).astype(xp.dtype)
+
+
+def _conv_taps_fwd(activation, xp, keep, kernel, bias):
+    return _conv_taps_fn(activation, xp, keep, kernel, bias), (xp, keep, kernel, bias)
+
+
+def _conv_taps_bwd(activation, res, dy):
+    """The input's gradient as c shifted slices of one zero-padded copy of the output's
+    gradient, which XLA fuses into one pass. Autodiff of the taps' slices gives c
+    zero-padded copies summed instead, and XLA's CPU fuses those into the projection's
+    weight-gradient transpose as a slow loop (docs/benchmarks.md, session 30)."""
+    xp, keep, kernel, bias = res
+    c = kernel.shape[0]
+    t = xp.shape[1] - (c - 1)
+    g = dy.astype(jnp.float32)
+    if activation:  # silu'(x) = s (1 + x (1 - s)), s = sigmoid(x); x recomputed
+        pre = _conv_pre(xp, keep, kernel, bias)
+        sig = jax.nn.sigmoid(pre)
+        g = g * sig * (1 + pre * (1 - sig))
+    d_kernel = jnp.stack([
+        jnp.sum(g * _rows_where(None if keep is None else keep[i],
+                                xp[:, i:i + t].astype(jnp.float32)), axis=(0, 1))
+        for i in range(c)])
+    d_bias = None if bias is None else jnp.sum(g, axis=(0, 1)).astype(bias.dtype)
+    # input j feeds output j - i through tap i, so d_xp[j] = sum_i w_i keep_i g at j - i:
+    # rows [c-1-i, c-1-i + T+c-1) of g and keep padded by c-1 zeros on both sides
+    span = t + c - 1
+    g = jnp.pad(g, [(0, 0), (c - 1, c - 1)] + [(0, 0)] * (g.ndim - 2))
+    if keep is not None:
+        keep = jnp.pad(keep, [(0, 0), (0, 0), (c - 1, c - 1)])
+    w = kernel.astype(jnp.float32)
+    d_xp = sum(_rows_where(None if keep is None else keep[i, :, c - 1 - i:c - 1 - i + span],
+                           g[:, c - 1 - i:c - 1 - i + span]) * w[i] for i in range(c))
+    d_kernel = _summed_to_type_of(d_kernel.astype(kernel.dtype), kernel)
+    d_bias = None if bias is None else _summed_to_type_of(d_bias, bias)
+    return _summed_to_type_of(d_xp.astype(xp.dtype), xp), None, d_kernel, d_bias
+
+
+_conv_taps_fn.defvjp(_conv_taps_fwd, _conv_taps_bwd)
 
 
 def stacked_short_conv(convs, x, *, segment_ids=None, state=None):
