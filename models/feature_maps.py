@@ -59,15 +59,53 @@ def taylor_symmetric(x):
 
     The pairs are built from slices (row i: x_i * x[i:]), not by indexing x with
     triu_indices: a gather's gradient is a scatter-add, slow on GPUs (docs/benchmarks.md,
-    session 13); a slice's gradient is a pad, which XLA fuses with the products.
-    Same values and order as x[..., rows] * x[..., cols] for rows, cols = triu_indices(d).
+    session 13). Same values and order as x[..., rows] * x[..., cols] for rows, cols =
+    triu_indices(d). The gradient is written out (_taylor_symmetric_bwd): autodiff of the
+    slices sums ~d^2 / 2 zero-padded copies, which XLA's CPU fuses into the projection's
+    weight-gradient transpose as one slow loop (docs/benchmarks.md, session 30).
     """
+    return _taylor_symmetric(x)
+
+
+def _taylor_symmetric_forward(x):
     d = x.shape[-1]
     half = jnp.asarray(1.0 / math.sqrt(2.0), x.dtype)
     rows = [jnp.concatenate([x[..., i:i + 1] * x[..., i:i + 1] * half,
                              x[..., i:i + 1] * x[..., i + 1:]], axis=-1) for i in range(d)]
     ones = jnp.ones((*x.shape[:-1], 1), x.dtype)
     return jnp.concatenate([ones, x, *rows], axis=-1)
+
+
+_taylor_symmetric = jax.custom_vjp(_taylor_symmetric_forward)
+
+
+def _taylor_symmetric_fwd(x):
+    return _taylor_symmetric_forward(x), x
+
+
+def _taylor_symmetric_bwd(x, d_phi):
+    """d_x = d_phi's linear part + (U + U^T) x, U (d, d) upper triangular holding each
+    pair's gradient c_ij d_phi_ij (i <= j): feature x_i x_j c_ij sends c_ij x_j d_phi_ij
+    to x_i and c_ij x_i d_phi_ij to x_j (both x_i when i = j)."""
+    d = x.shape[-1]
+    lead = x.shape[:-1]
+    pairs = d_phi[..., 1 + d:].astype(jnp.float32)
+    half = 1.0 / math.sqrt(2.0)
+    rows, start = [], 0
+    for i in range(d):  # row i of U: i zeros, then the pairs (i, i), (i, i + 1), ...
+        row = pairs[..., start:start + d - i]
+        rows += [jnp.zeros(lead + (i,), jnp.float32), row[..., :1] * half, row[..., 1:]]
+        start += d - i
+    upper = jnp.concatenate(rows, axis=-1).reshape(lead + (d, d))
+    x32 = x.astype(jnp.float32)
+    # a product and a sum over j, not a batched (d x d) matvec: elementwise work that
+    # fuses, rather than B x T x H tiny matmuls
+    d_x = (d_phi[..., 1:1 + d].astype(jnp.float32)
+           + jnp.sum((upper + jnp.swapaxes(upper, -1, -2)) * x32[..., None, :], axis=-1))
+    return (d_x.astype(x.dtype),)
+
+
+_taylor_symmetric.defvjp(_taylor_symmetric_fwd, _taylor_symmetric_bwd)
 
 
 def taylor_symmetric_dim(d: int) -> int:
