@@ -13,8 +13,8 @@ stopped; `results.jsonl`, `results.md` (tables at the best lr per
 setting, mixer and size) and the PNG plots are rewritten after every run
 (sweeps.outputs). `--report_only --records=a/results.jsonl,b/results.jsonl` rebuilds
 them with the records of other copies of the sweep (say, calls on different machines) for
-the runs that have no record file here. The `speed` task trains nothing: it times each mixer's train.py step
-and decoding in-process (eval.speed).
+the runs that have no record file here. The `speed` task trains nothing: it times each
+mixer's train.py step and decoding in-process (eval.speed).
 """
 from __future__ import annotations
 
