@@ -87,7 +87,8 @@ def recall_vs_state(points: Sequence[dict], path: str, metric_label: str = "MQAR
 
     `points`: dicts with `setting`, `mixer`, `state_size` (numbers per sequence), `value`
     and optionally `half` (the half-width of its 95% interval over seeds, drawn as an
-    error bar; NaN or absent: none); one panel per setting. The bottom axis counts
+    error bar; NaN or absent: none) and `partial` (True: not every lr of its grid ran, so
+    the value is a lower bound; drawn hollow); one panel per setting. The bottom axis counts
     numbers, the top one Zoology's bytes (numbers x `bytes_per_number`, zoology/model.py).
     `references`: published points (dicts with `mixer`, `state_size` in numbers, `value`,
     optional `source`, `label` (the legend's name, else the mixer's) and `setting` (the
@@ -117,6 +118,14 @@ def recall_vs_state(points: Sequence[dict], path: str, metric_label: str = "MQAR
                                 capsize=3)
                 else:
                     ax.plot(xs, ys, marker="o", color=colors[m], label=m)
+            for p in by_setting[setting]:
+                if p["mixer"] == m and p["state_size"] and p.get("partial"):
+                    ax.plot([p["state_size"]], [p["value"]], linestyle="none", marker="o",
+                            markersize=7, markerfacecolor="white", color=colors[m],
+                            zorder=5)
+        if any(p.get("partial") for p in by_setting[setting]):
+            ax.plot([], [], linestyle="none", marker="o", markerfacecolor="white",
+                    color="gray", label="hollow: not every lr run (a lower bound)")
         for r in references:
             if r.get("setting") not in (None, setting):
                 continue

@@ -68,7 +68,7 @@ def write_outputs(cfg: Mapping, runs: list[dict], workdir: str,
     keep_dropped_lines(results, {r["run"] for r in records})
     write_atomic(results, "".join(json.dumps(r) + "\n" for r in records))
     try:
-        written = plot(cfg, records, workdir)
+        written = plot(cfg, records, workdir, grid_lrs(runs))
     except Exception as e:  # noqa: BLE001 (a plot must never lose the tables)
         print(f"sweep: plotting failed: {type(e).__name__}: {e}", file=sys.stderr)
         written = []
@@ -80,9 +80,33 @@ def write_outputs(cfg: Mapping, runs: list[dict], workdir: str,
     return records
 
 
-def plot(cfg: Mapping, records: list[dict], workdir: str) -> list[str]:
+def grid_lrs(runs: list[dict]) -> dict[tuple, set[float]]:
+    """{(setting, mixer, size): the lrs the grid gives that cell}."""
+    lrs: dict[tuple, set[float]] = {}
+    for run in runs:
+        if "lr" in run:
+            lrs.setdefault((run["setting"], run["mixer"], run["size"]), set()).add(
+                float(run["lr"]))
+    return lrs
+
+
+def recall_points(best: Mapping[tuple, dict], cell_lrs: Mapping[tuple, set[float]]
+                  ) -> list[dict]:
+    """The recall-vs-state scatter's points from report.best_lr's groups: each the best
+    lr's mean over seeds with its 95% half-width; `partial` where the group ran fewer lrs
+    than cell_lrs (grid_lrs) gives its cell."""
+    return [{"setting": k[1], "mixer": k[2], "state_size": b["records"][0].get("state_size"),
+             "value": b["value"], "half": b["interval"].half,
+             "partial": len(b["by_lr"]) < len(cell_lrs.get(k[1:], ()))}
+            for k, b in best.items() if not math.isnan(b["value"])]
+
+
+def plot(cfg: Mapping, records: list[dict], workdir: str,
+         cell_lrs: Mapping[tuple, set[float]] | None = None) -> list[str]:
     """The task's PNGs in `workdir`: loss curves (lm), recall against state size (mqar,
-    niah) and heatmaps (niah), throughput by length (speed); returns their paths."""
+    niah) and heatmaps (niah), throughput by length (speed); returns their paths.
+    cell_lrs (grid_lrs): a recall point whose cell has not run every lr of its grid is
+    drawn hollow, its best lr so far (a lower bound)."""
     from eval import plots, report
 
     written = []
@@ -98,11 +122,7 @@ def plot(cfg: Mapping, records: list[dict], workdir: str) -> list[str]:
                                              os.path.join(workdir, "loss_curves.png")))
     elif task in ("mqar", "niah"):
         metric, _ = report.primary(task, cfg.get("metric"))
-        # each point: the best lr's mean over seeds, its 95% interval as the error bar
-        pts = [{"setting": k[1], "mixer": k[2],
-                "state_size": b["records"][0].get("state_size"), "value": b["value"],
-                "half": b["interval"].half}
-               for k, b in best.items() if not math.isnan(b["value"])]
+        pts = recall_points(best, cell_lrs or {})
         if pts:
             written.append(plots.recall_vs_state(
                 pts, os.path.join(workdir, "recall_vs_state.png"),

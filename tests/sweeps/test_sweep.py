@@ -142,6 +142,22 @@ def test_report_only_merges_other_copies_and_keeps_lines_it_drops(mqar_sweep, tm
                      records_from=(str(tmp_path / "absent.jsonl"),))
 
 
+def test_a_cell_that_ran_only_some_of_its_lrs_is_a_partial_point(mqar_sweep):
+    """The scatter marks a cell whose grid lrs did not all run (its best so far is a lower
+    bound): the grid's lrs per cell against the lrs that have records."""
+    from eval import report
+    from sweeps import grid, outputs
+
+    cfg, _, records, _ = mqar_sweep
+    cell_lrs = outputs.grid_lrs(grid.select(grid.expand_grid(cfg), "softmax"))
+    assert cell_lrs == {("T32_kv2", "softmax", "d16"): {0.001, 0.03}}
+    full = outputs.recall_points(report.best_lr(records), cell_lrs)
+    half = outputs.recall_points(report.best_lr(records[:1]), cell_lrs)
+    assert [p["partial"] for p in full] == [False]
+    assert [p["partial"] for p in half] == [True]
+    assert half[0]["value"] == records[0]["metrics"]["accuracy"]
+
+
 def test_only_filters_what_runs_not_what_the_tables_show(mqar_sweep, tmp_path):
     """--only picks the runs of this invocation; results.jsonl / results.md still cover
     every finished run (e.g. ones an earlier --only invocation ran)."""

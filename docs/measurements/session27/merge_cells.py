@@ -59,8 +59,10 @@ def main(png, *paths):
         print(rows[key][0])
     print("\n" + cell_table.BELOW_STOP_NOTE)
     setting = compare_mqar_zoology.get_config("paper").settings[0]["name"]  # its one panel
+    # a row with "-" for an lr: not every lr of the grid ran (drawn hollow)
     points = [{"setting": setting, "mixer": m, "state_size": state, "value": mean,
-               "half": half} for (m, _), (_, mean, half, state) in rows.items()]
+               "half": half, "partial": "| - |" in row}
+              for (m, _), (row, mean, half, state) in rows.items()]
     plots.recall_vs_state(points, png,
                           metric_label="MQAR accuracy (95% interval over seeds)",
                           bytes_per_number=report.BYTES_PER_NUMBER)
