@@ -39,10 +39,7 @@ def read_records(runs: list[dict], workdir: str, extra: Mapping[str, dict] | Non
         run_dir = os.path.join(workdir, run["name"])
         done, fail, partial = (os.path.join(run_dir, f)
                                for f in ("done.json", "failed.json", "partial.json"))
-        if not any(os.path.isfile(f) for f in (done, fail, partial)):
-            if extra and run["name"] in extra:
-                records.append(extra[run["name"]])
-        elif os.path.isfile(done):
+        if os.path.isfile(done):
             with open(done) as f:
                 records.append(json.load(f))
         elif os.path.isfile(fail):
@@ -54,6 +51,8 @@ def read_records(runs: list[dict], workdir: str, extra: Mapping[str, dict] | Non
             records.append(rec)  # in the tables, flagged; not `done`
             failed.append(f"{run['name']} (incomplete, its numbers are in the tables): "
                           f"{rec.get('partial')}")
+        elif extra and run["name"] in extra:  # no record file here
+            records.append(extra[run["name"]])
     return records, failed
 
 
