@@ -115,14 +115,30 @@ def taylor_symmetric_dim(d: int) -> int:
 # --- FAVOR+ (Choromanski et al. 2020) -------------------------------------------------
 
 def orthonormal_columns(g):
-    """Q of g = Q R (..., d, d) with R's diagonal positive, by Gram-Schmidt over the
-    columns in order, each projection done twice (CGS2: orthogonal to float32 rounding).
+    """Q of g = Q R (..., d, d) with R's diagonal positive: the unique such Q, which is
+    Haar-distributed for Gaussian g (a raw LAPACK QR's signs are not).
 
-    Positive diag(R) is what makes Q Haar-distributed for Gaussian g (a raw LAPACK QR's
-    signs are not). Plain XLA ops rather than jnp.linalg.qr: LAPACK's custom call can
-    deadlock XLA's thread pool on small CPU machines, and Performer redraws its features
-    inside every train step.
+    Performer redraws its features inside every train step, so the method is chosen per
+    platform at lowering (lax.platform_dependent): on CPU Gram-Schmidt in plain XLA ops
+    (LAPACK's custom call can deadlock XLA's thread pool on small CPU machines); elsewhere
+    Householder QR (jnp.linalg.qr, one cuSOLVER call), since Gram-Schmidt is d dependent
+    steps of a few small kernels each, which dominated a Performer train step on the GPU.
     """
+    return jax.lax.platform_dependent(g, cpu=orthonormal_columns_gram_schmidt,
+                                      default=orthonormal_columns_householder)
+
+
+def orthonormal_columns_householder(g):
+    """orthonormal_columns by Householder QR, the signs of Q's columns flipped where
+    R's diagonal is negative."""
+    q, r = jnp.linalg.qr(g)
+    signs = jnp.where(jnp.diagonal(r, axis1=-2, axis2=-1) < 0, -1.0, 1.0).astype(q.dtype)
+    return q * signs[..., None, :]
+
+
+def orthonormal_columns_gram_schmidt(g):
+    """orthonormal_columns by Gram-Schmidt over the columns in order, each projection
+    done twice (CGS2: orthogonal to float32 rounding); diag(R) = the norms, positive."""
     d = g.shape[-1]
     cols = jnp.swapaxes(g, -1, -2)  # (..., d, d): row i is column i of g
 

@@ -171,13 +171,16 @@ def test_simple_maps():
     np.testing.assert_allclose(fm.identity(x), x)
 
 
+@pytest.mark.parametrize("method", ["orthonormal_columns", "orthonormal_columns_gram_schmidt",
+                                    "orthonormal_columns_householder"])
 @pytest.mark.parametrize("shape", [(1, 4, 4), (3, 32, 32), (2, 128, 128)])
-def test_orthonormal_columns_is_numpys_qr_with_positive_diagonal(shape):
+def test_orthonormal_columns_is_numpys_qr_with_positive_diagonal(shape, method):
+    # Both platforms' methods (the GPU's Householder form runs on CPU here too).
     # The Q of a float64 LAPACK QR, signs fixed so that diag(R) > 0 (the unique such Q).
     g = np.random.default_rng(shape[-1]).normal(size=shape)
     q64, r64 = np.linalg.qr(g)
     q64 = q64 * np.sign(np.diagonal(r64, axis1=-2, axis2=-1))[..., None, :]
-    q = np.asarray(fm.orthonormal_columns(jnp.asarray(g, jnp.float32)), np.float64)
+    q = np.asarray(getattr(fm, method)(jnp.asarray(g, jnp.float32)), np.float64)
     np.testing.assert_allclose(q, q64, atol=2e-5)
     eye = np.broadcast_to(np.eye(shape[-1]), shape)
     np.testing.assert_allclose(np.swapaxes(q, -1, -2) @ q, eye, atol=2e-6)
