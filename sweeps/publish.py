@@ -15,6 +15,8 @@ import os
 import re
 import shutil
 
+from sweeps import outputs
+
 
 def incomplete_runs(sweep_dir: str) -> list[dict]:
     """Runs that were stopped before their done.json: what their training log says
@@ -74,11 +76,8 @@ def collect(sweeps_dir: str, docs_dir: str, device_file: str | None = None) -> d
         path = os.path.join(sweeps_dir, sweep)
         if not os.path.isdir(path):
             continue
-        results = os.path.join(path, "results.jsonl")
-        records = []
-        if os.path.isfile(results):
-            with open(results) as f:
-                records = [json.loads(line) for line in f if line.strip()]
+        # A line that does not parse (a copy cut mid-write) is named and left out.
+        records = list(outputs.records_file(os.path.join(path, "results.jsonl")).values())
         md = ""
         if os.path.isfile(os.path.join(path, "results.md")):
             with open(os.path.join(path, "results.md")) as f:

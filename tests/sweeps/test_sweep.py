@@ -142,6 +142,28 @@ def test_report_only_merges_other_copies_and_keeps_lines_it_drops(mqar_sweep, tm
                      records_from=(str(tmp_path / "absent.jsonl"),))
 
 
+def test_publish_collects_a_sweep_whose_results_end_in_a_cut_line(mqar_sweep, tmp_path,
+                                                                   capsys):
+    """sweeps.publish on a copy of a sweep whose results.jsonl was cut mid-line (a
+    snapshot taken while the runner wrote it): the whole records are published, the cut
+    line is named on stderr, and the plots are copied under their published names."""
+    import shutil
+
+    from sweeps import publish
+
+    _, workdir, records, _ = mqar_sweep
+    sweeps_dir = tmp_path / "sweeps"
+    shutil.copytree(workdir, sweeps_dir / "mqar")
+    results = sweeps_dir / "mqar" / "results.jsonl"
+    whole = results.read_text()
+    results.write_text(whole + whole.splitlines()[0][:40])
+    out = publish.collect(str(sweeps_dir), str(tmp_path / "docs"))
+    assert out["sweeps"]["mqar"]["records"] == records
+    assert "line 3 left out" in capsys.readouterr().err
+    for name in out["sweeps"]["mqar"]["plots"]:
+        assert (tmp_path / "docs" / name).is_file()
+
+
 def test_a_cell_that_ran_only_some_of_its_lrs_is_a_partial_point(mqar_sweep):
     """The scatter marks a cell whose grid lrs did not all run (its best so far is a lower
     bound): the grid's lrs per cell against the lrs that have records."""
