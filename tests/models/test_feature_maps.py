@@ -184,3 +184,15 @@ def test_orthonormal_columns_is_numpys_qr_with_positive_diagonal(shape, method):
     np.testing.assert_allclose(q, q64, atol=2e-5)
     eye = np.broadcast_to(np.eye(shape[-1]), shape)
     np.testing.assert_allclose(np.swapaxes(q, -1, -2) @ q, eye, atol=2e-6)
+
+
+def test_orthonormal_columns_method_by_platform():
+    """Lowered for CPU, Performer's redraw is Gram-Schmidt in plain ops (no LAPACK call,
+    which deadlocked training on 2-core machines); lowered for CUDA, one Householder QR
+    in cuSOLVER and no loop (d dependent steps of small kernels dominated the GPU step)."""
+    draw = jax.jit(lambda key: fm.gaussian_projection(key, 64, 16))
+    traced = draw.trace(jax.random.key(0))
+    cpu = traced.lower(lowering_platforms=("cpu",)).as_text()
+    assert "stablehlo.while" in cpu and "custom_call" not in cpu
+    cuda = traced.lower(lowering_platforms=("cuda",)).as_text()
+    assert "cusolver_geqrf" in cuda and "stablehlo.while" not in cuda

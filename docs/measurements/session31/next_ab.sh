@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# Issue 16: where based's and gated_deltanet's shakespeare_char_gpu rate went between
+# session 16 (based 0.85x softmax, GDN 1.20x) and session 31 (0.69x, 0.92x; same H200
+# kind, same script). train.py's own rate (scripts/train_speed.py, 320 steps) in three
+# trees, one process after the other: this tree, .ab/s16 and .ab/taylor_autodiff
+# (next_ab_setup.sh builds them). Then Performer with the Householder redraw against
+# no redraw (its rows were cut in session 31).
+#   bash docs/measurements/session31/next_ab_setup.sh        # here, before the call
+#   run: bash docs/measurements/session31/next_ab.sh   carry: .whl .jobs .ab
+set -u
+python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/ml_collections*.whl
+export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+TEXT=$PWD/.jobs/input.txt
+BUDGET=${BUDGET:-570}; T0=$(date +%s)
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+part() {  # limit, command...: run it under its limit if the budget still covers it
+  local limit=$1; shift
+  if (( $(left) < limit )); then echo "skipped (left $(left) s): $*" | cut -c1-150; return; fi
+  timeout $limit "$@"; echo "[rc $? at $(( $(date +%s) - T0 )) s]"
+}
+# each tree's train.py imports its own tree's modules (the script's folder comes first)
+part 200 python scripts/train_speed.py --text $TEXT --out $OUT/head --rows shake \
+  --mixers softmax,based,gated_deltanet --tag _head
+part 200 python .ab/s16/scripts/train_speed.py --text $TEXT --out $OUT/s16 --rows shake \
+  --mixers softmax,based,gated_deltanet --tag _s16
+part 80 python .ab/taylor_autodiff/scripts/train_speed.py --text $TEXT --out $OUT/taylor \
+  --rows shake --mixers based --tag _taylor_autodiff
+part 90 python scripts/train_speed.py --text $TEXT --out $OUT/performer --rows shake \
+  --mixers performer
+echo "all done: $(( $(date +%s) - T0 )) s"
