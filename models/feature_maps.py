@@ -83,25 +83,33 @@ def _taylor_symmetric_fwd(x):
     return _taylor_symmetric_forward(x), x
 
 
+def _symmetric_pair_table(d: int):
+    """(index, coefficient) tables (d, d): entry (i, j) of U + U^T, U the upper-triangular
+    matrix of the pairs' gradients c_ij d_phi_ij (i <= j), is d_phi's pair
+    index[i, j] = index of (min(i, j), max(i, j)) times coefficient[i, j] (c_ij, doubled
+    on the diagonal, where U and U^T meet)."""
+    rows, cols = np.triu_indices(d)
+    index = np.zeros((d, d), np.int32)
+    index[rows, cols] = np.arange(rows.size)
+    index[cols, rows] = np.arange(rows.size)
+    coefficient = np.ones((d, d), np.float32)
+    np.fill_diagonal(coefficient, 2.0 / math.sqrt(2.0))
+    return index, coefficient
+
+
 def _taylor_symmetric_bwd(x, d_phi):
     """d_x = d_phi's linear part + (U + U^T) x, U (d, d) upper triangular holding each
     pair's gradient c_ij d_phi_ij (i <= j): feature x_i x_j c_ij sends c_ij x_j d_phi_ij
-    to x_i and c_ij x_i d_phi_ij to x_j (both x_i when i = j)."""
+    to x_i and c_ij x_i d_phi_ij to x_j (both x_i when i = j). U + U^T is read from the
+    pairs by one static gather, elementwise work that fuses with the product and the sum
+    over j (rather than B x T x H tiny matvecs)."""
     d = x.shape[-1]
-    lead = x.shape[:-1]
+    index, coefficient = _symmetric_pair_table(d)
     pairs = d_phi[..., 1 + d:].astype(jnp.float32)
-    half = 1.0 / math.sqrt(2.0)
-    rows, start = [], 0
-    for i in range(d):  # row i of U: i zeros, then the pairs (i, i), (i, i + 1), ...
-        row = pairs[..., start:start + d - i]
-        rows += [jnp.zeros(lead + (i,), jnp.float32), row[..., :1] * half, row[..., 1:]]
-        start += d - i
-    upper = jnp.concatenate(rows, axis=-1).reshape(lead + (d, d))
-    x32 = x.astype(jnp.float32)
-    # a product and a sum over j, not a batched (d x d) matvec: elementwise work that
-    # fuses, rather than B x T x H tiny matmuls
+    symmetric = jnp.take(pairs, jnp.asarray(index.reshape(-1)), axis=-1)
+    symmetric = symmetric.reshape(x.shape + (d,)) * jnp.asarray(coefficient)
     d_x = (d_phi[..., 1:1 + d].astype(jnp.float32)
-           + jnp.sum((upper + jnp.swapaxes(upper, -1, -2)) * x32[..., None, :], axis=-1))
+           + jnp.sum(symmetric * x.astype(jnp.float32)[..., None, :], axis=-1))
     return (d_x.astype(x.dtype),)
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Issue 16: where based's and gated_deltanet's shakespeare_char_gpu rate went between
 # session 16 (based 0.85x softmax, GDN 1.20x) and session 31 (0.69x, 0.92x; same H200
-# kind, same script). train.py's own rate (scripts/train_speed.py, 320 steps) in three
+# kind, same script; session 31 ran the concatenated form of the Taylor backward, this
+# tree has its gather form). train.py's own rate (scripts/train_speed.py, 320 steps) in three
 # trees, one process after the other: this tree, .ab/s16 and .ab/taylor_autodiff
 # (next_ab_setup.sh builds them). Then Performer with the Householder redraw against
 # no redraw (its rows were cut in session 31).

@@ -3,11 +3,13 @@
 # from a clone with history:
 #   .ab/s16              69c3d30, the code of session 16's shake rows (based 0.85x softmax,
 #                        gated_deltanet 1.20x)
-#   .ab/taylor_autodiff  this tree with 9131939 (Taylor pairs' written-out backward)
-#                        undone: autodiff of the slices again
+#   .ab/taylor_autodiff  this tree with models/feature_maps.py as before 9131939 (the
+#                        Taylor pairs' backward by autodiff of the slices again; that
+#                        file then also lacks session 31's Performer redraw, which based
+#                        does not use)
 set -eu
 rm -rf .ab && git worktree prune
 git worktree add -q --detach .ab/s16 69c3d30
 git worktree add -q --detach .ab/taylor_autodiff HEAD
-git show 9131939 -- models/feature_maps.py | (cd .ab/taylor_autodiff && git apply -R)
+git show 9131939^:models/feature_maps.py > .ab/taylor_autodiff/models/feature_maps.py
 du -sh .ab/*
