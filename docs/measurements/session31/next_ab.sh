@@ -4,8 +4,8 @@
 # kind, same script; session 31 ran the concatenated form of the Taylor backward, this
 # tree has its gather form). train.py's own rate (scripts/train_speed.py, 320 steps) in three
 # trees, one process after the other: this tree, .ab/s16 and .ab/taylor_autodiff
-# (next_ab_setup.sh builds them). Then Performer with the Householder redraw against
-# no redraw (its rows were cut in session 31).
+# (next_ab_setup.sh builds them). Then Performer's rate with the Householder redraw (its
+# rows were cut in session 31; against hedgehog's, ~2.7x faster in session 30's lanes).
 #   bash docs/measurements/session31/next_ab_setup.sh        # here, before the call
 #   run: bash docs/measurements/session31/next_ab.sh   carry: .whl .jobs .ab
 set -u
