@@ -130,7 +130,7 @@ def orthonormal_columns(g):
     platform at lowering (lax.platform_dependent): on CPU Gram-Schmidt in plain XLA ops
     (LAPACK's custom call can deadlock XLA's thread pool on small CPU machines); elsewhere
     Householder QR (jnp.linalg.qr, one cuSOLVER call), since Gram-Schmidt is d dependent
-    steps of a few small kernels each, which dominated a Performer train step on the GPU.
+    steps of a few small kernels each, per layer and step: latency a GPU cannot hide.
     """
     return jax.lax.platform_dependent(g, cpu=orthonormal_columns_gram_schmidt,
                                       default=orthonormal_columns_householder)

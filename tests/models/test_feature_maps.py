@@ -189,7 +189,7 @@ def test_orthonormal_columns_is_numpys_qr_with_positive_diagonal(shape, method):
 def test_orthonormal_columns_method_by_platform():
     """Lowered for CPU, Performer's redraw is Gram-Schmidt in plain ops (no LAPACK call,
     which deadlocked training on 2-core machines); lowered for CUDA, one Householder QR
-    in cuSOLVER and no loop (d dependent steps of small kernels dominated the GPU step)."""
+    in cuSOLVER and no loop (d dependent steps of small kernels each, on a GPU)."""
     draw = jax.jit(lambda key: fm.gaussian_projection(key, 64, 16))
     traced = draw.trace(jax.random.key(0))
     cpu = traced.lower(lowering_platforms=("cpu",)).as_text()
