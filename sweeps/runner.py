@@ -26,6 +26,7 @@ run the sweep prints its run count and an estimate of its time (sweeps.estimate)
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import pathlib
 import signal
@@ -77,6 +78,10 @@ class _Stop:
                       "which saves a checkpoint and exits (again to stop without saving)",
                       file=sys.stderr, flush=True)
                 return
+        # The interrupt may land inside an asyncio loop (orbax restoring a member to
+        # evaluate it): every task it cancels would log its traceback at shutdown, a
+        # wall of errors that are only this stop. _signals_passed_on restores the level.
+        logging.getLogger("asyncio").setLevel(logging.CRITICAL)
         raise SweepInterrupted(self.signum, None)
 
 
@@ -87,6 +92,7 @@ _STOP: _Stop | None = None
 def _signals_passed_on() -> Iterator[_Stop]:
     global _STOP
     stop, previous = _Stop(), {}
+    asyncio_level = logging.getLogger("asyncio").level
     for sig in (signal.SIGINT, signal.SIGTERM):
         try:
             previous[sig] = signal.signal(sig, stop.handle)
@@ -99,6 +105,7 @@ def _signals_passed_on() -> Iterator[_Stop]:
         _STOP = None
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        logging.getLogger("asyncio").setLevel(asyncio_level)
 
 
 # Each subprocess run is started through this script (see its docstring): the run gets

@@ -129,6 +129,35 @@ def test_the_inprocess_runner_saves_on_sigterm(tmp_path):
 
 
 # ------------------------------------------------------------- count and estimate
+def test_a_stop_inside_an_asyncio_loop_is_one_exception_not_a_log_of_its_tasks(caplog):
+    """SIGTERM while the sweep evaluates in-process, inside an asyncio loop (orbax
+    restoring a member): SweepInterrupted, without one logged traceback per task the
+    stop cancels (a call's log held thousands); the asyncio logger's level comes back."""
+    import asyncio
+    import logging
+
+    async def read(i):
+        try:
+            await asyncio.sleep(30)
+        except asyncio.CancelledError:
+            raise RuntimeError(f"reading array {i}") from None
+
+    async def restore():
+        reads = [asyncio.ensure_future(read(i)) for i in range(4)]
+        await asyncio.sleep(0.05)
+        os.kill(os.getpid(), signal.SIGTERM)
+        await asyncio.gather(*reads)
+
+    level = logging.getLogger("asyncio").level
+    with caplog.at_level(logging.WARNING):
+        with pytest.raises(runner.SweepInterrupted, match="SIGTERM"):
+            with runner._signals_passed_on():
+                asyncio.run(restore())
+        assert [r for r in caplog.records
+                if r.name == "asyncio" and r.levelno >= logging.WARNING] == []
+    assert logging.getLogger("asyncio").level == level
+
+
 def test_the_sweep_says_its_run_count_and_estimate_first(tmp_path, capsys):
     cfg = load_compare_config("compare_mqar", "tiny")
     full = grid.expand_grid(cfg)
