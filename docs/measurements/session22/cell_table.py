@@ -42,11 +42,16 @@ def below_stop(best_seeds) -> bool:
 def cell_rows(path):
     """{(mixer, size): (markdown row, best lr's mean, its 95% half-width, state)} of a
     sweep's results.jsonl."""
+    with open(path) as f:
+        return cell_rows_of([json.loads(line) for line in f if line.strip()])
+
+
+def cell_rows_of(records):
+    """cell_rows of records (results.jsonl's lines, parsed)."""
     cells = collections.defaultdict(lambda: collections.defaultdict(dict))
     walls = collections.defaultdict(set)
     state = {}
-    for line in open(path):
-        r = json.loads(line)
+    for r in records:
         key = (r["mixer"], r["size"])
         cells[key][r["lr"]][r["seed"]] = r["metrics"]["accuracy"]
         walls[key].add((round(r["train_wall_s"]), r["population"]["members"]))

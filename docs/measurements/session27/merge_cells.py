@@ -3,14 +3,16 @@
 Session 27 found the sweep directory of sessions 22-26 (runs/h200, ignored by git) gone
 with the old checkout; what they published is their cell tables (cell_table.md). This
 reads cell tables (the rows as published) and sweeps' results.jsonl (rows made by
-session 22's cell_table.py), a later source replacing an earlier one's cell, prints the
-merged table and draws the recall-vs-state scatter from each cell's best lr (mean, 95%
-half-width, state) with eval.plots.recall_vs_state, as the sweep's own report does.
+session 22's cell_table.py; a results.jsonl joined with the earlier ones by run name), a
+later source replacing an earlier one's cell, prints the merged table and draws the
+recall-vs-state scatter from each cell's best lr (mean, 95% half-width, state) with
+eval.plots.recall_vs_state, as the sweep's own report does.
 
     PYTHONPATH=$PWD python docs/measurements/session27/merge_cells.py OUT.png \\
         docs/measurements/session26/cell_table.md \\
         docs/measurements/session27/call_sweep1/results.jsonl
 """
+import json
 import re
 import sys
 
@@ -46,9 +48,20 @@ def table_rows(path):
 
 
 def merged(paths):
-    rows = {}
+    """Cell rows of the paths in order, a later path's cell replacing an earlier one's. A
+    results.jsonl's cells are made from its records joined with every earlier
+    results.jsonl's (by run name, the later record winning), so a cell whose lrs ran in
+    different sessions is whole."""
+    rows, records = {}, {}
     for path in paths:
-        rows.update(table_rows(path) if path.endswith(".md") else cell_table.cell_rows(path))
+        if path.endswith(".md"):
+            rows.update(table_rows(path))
+            continue
+        with open(path) as f:
+            new = [json.loads(line) for line in f if line.strip()]
+        records.update({r["run"]: r for r in new})
+        joined = cell_table.cell_rows_of(records.values())
+        rows.update({key: joined[key] for key in {(r["mixer"], r["size"]) for r in new}})
     return rows
 
 
