@@ -3,8 +3,8 @@
 # session 16 (based 0.85x softmax, GDN 1.20x) and session 31 (0.69x, 0.92x; same H200
 # kind, same script; session 31 ran the concatenated form of the Taylor backward, this
 # tree has its gather form). train.py's own rate (scripts/train_speed.py, 320 steps) in three
-# trees, one process after the other: this tree, .ab/s16 and .ab/taylor_autodiff
-# (next_ab_setup.sh builds them). Then Performer's rate with the Householder redraw (its
+# trees, one process after the other: this tree, .ab/s16, .ab/taylor_autodiff and
+# .ab/conv_before (next_ab_setup.sh builds them; parts skipped past the budget). Then Performer's rate with the Householder redraw (its
 # rows were cut in session 31; against hedgehog's, ~2.7x faster in session 30's lanes).
 #   bash docs/measurements/session31/next_ab_setup.sh        # here, before the call
 #   run: bash docs/measurements/session31/next_ab.sh   carry: .whl .jobs .ab
@@ -13,7 +13,7 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/ml_collec
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 TEXT=$PWD/.jobs/input.txt
-BUDGET=${BUDGET:-570}; T0=$(date +%s)
+BUDGET=${BUDGET:-580}; T0=$(date +%s)
 left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 part() {  # limit, command...: run it under its limit if the budget still covers it
   local limit=$1; shift
@@ -27,6 +27,8 @@ part 200 python .ab/s16/scripts/train_speed.py --text $TEXT --out $OUT/s16 --row
   --mixers softmax,based,gated_deltanet --tag _s16
 part 80 python .ab/taylor_autodiff/scripts/train_speed.py --text $TEXT --out $OUT/taylor \
   --rows shake --mixers based --tag _taylor_autodiff
+part 80 python .ab/conv_before/scripts/train_speed.py --text $TEXT --out $OUT/conv_before \
+  --rows shake --mixers gated_deltanet --tag _conv_before
 part 90 python scripts/train_speed.py --text $TEXT --out $OUT/performer --rows shake \
   --mixers performer
 echo "all done: $(( $(date +%s) - T0 )) s"
