@@ -13,13 +13,8 @@ python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/ml_collec
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 TEXT=$PWD/.jobs/input.txt
-BUDGET=${BUDGET:-580}; T0=$(date +%s)
-left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
-part() {  # limit, command...: run it under its limit if the budget still covers it
-  local limit=$1; shift
-  if (( $(left) < limit )); then echo "skipped (left $(left) s): $*" | cut -c1-150; return; fi
-  timeout $limit "$@"; echo "[rc $? at $(( $(date +%s) - T0 )) s]"
-}
+BUDGET=${BUDGET:-580}
+source scripts/device_budget.sh
 # each tree's train.py imports its own tree's modules (the script's folder comes first)
 part 200 python scripts/train_speed.py --text $TEXT --out $OUT/head --rows shake \
   --mixers softmax,based,gated_deltanet --tag _head
@@ -31,4 +26,4 @@ part 80 python .ab/conv_before/scripts/train_speed.py --text $TEXT --out $OUT/co
   --rows shake --mixers gated_deltanet --tag _conv_before
 part 90 python scripts/train_speed.py --text $TEXT --out $OUT/performer --rows shake \
   --mixers performer
-echo "all done: $(( $(date +%s) - T0 )) s"
+echo "all done: $(( $(date +%s) - BUDGET_T0 )) s"
