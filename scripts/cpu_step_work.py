@@ -84,7 +84,10 @@ def apply_overrides(config, overrides):
         key, value = item.split("=", 1)
         section, name = key.split(".", 1)
         old = config[section][name]
-        config[section][name] = (value == "True") if isinstance(old, bool) else type(old)(value)
+        if isinstance(old, bool):
+            config[section][name] = value == "True"
+        else:  # a key unset by default (None, e.g. data.files) takes the string as given
+            config[section][name] = value if old is None else type(old)(value)
     config_tools.check_config(config)
     return config
 
