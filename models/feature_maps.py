@@ -60,11 +60,17 @@ def taylor_symmetric(x):
     The pairs are built from slices (row i: x_i * x[i:]), not by indexing x with
     triu_indices: a gather's gradient is a scatter-add, slow on GPUs (docs/benchmarks.md,
     session 13). Same values and order as x[..., rows] * x[..., cols] for rows, cols =
-    triu_indices(d). The gradient is written out (_taylor_symmetric_bwd): autodiff of the
-    slices sums ~d^2 / 2 zero-padded copies, which XLA's CPU fuses into the projection's
-    weight-gradient transpose as one slow loop (docs/benchmarks.md, session 30).
+    triu_indices(d). The gradient, by the default backend at trace time (as kernels.ops
+    dispatches; a lax.platform_dependent here cost the CPU step 3%): on CPU written out
+    (_taylor_symmetric_bwd), since autodiff of the slices sums ~d^2 / 2 zero-padded
+    copies, which XLA's CPU compiler fuses into the projection's weight-gradient transpose
+    as one slow loop (docs/benchmarks.md, session 30); elsewhere autodiff of the slices,
+    the form the GPU rates of record were measured with (Based 0.85x softmax in session
+    16; the written-out form's GPU rate is not measured).
     """
-    return _taylor_symmetric(x)
+    if jax.default_backend() == "cpu":
+        return _taylor_symmetric(x)
+    return _taylor_symmetric_forward(x)
 
 
 def _taylor_symmetric_forward(x):

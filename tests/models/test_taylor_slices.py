@@ -19,15 +19,22 @@ def gathered(x):
     return jnp.concatenate([jnp.ones((*x.shape[:-1], 1), x.dtype), x, pairs], axis=-1)
 
 
+# the gradient each platform lowers: CPU's written out, the GPU's by autodiff of slices
+FORMS = {"as_called": fm.taylor_symmetric, "written_out": fm._taylor_symmetric,
+         "autodiff": fm._taylor_symmetric_forward}
+
+
+@pytest.mark.parametrize("form", list(FORMS))
 @pytest.mark.parametrize("d", [1, 3, 16])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_slices_equal_gather_values_and_gradients(d, dtype):
+def test_slices_equal_gather_values_and_gradients(d, dtype, form):
+    taylor_symmetric = FORMS[form]
     x = jax.random.normal(jax.random.PRNGKey(d), (2, 5, 3, d), jnp.float32).astype(dtype)
     ct = jax.random.normal(jax.random.PRNGKey(7), (2, 5, 3, fm.taylor_symmetric_dim(d)),
                            jnp.float32).astype(dtype)
-    np.testing.assert_array_equal(np.asarray(fm.taylor_symmetric(x), np.float32),
+    np.testing.assert_array_equal(np.asarray(taylor_symmetric(x), np.float32),
                                   np.asarray(gathered(x), np.float32))
-    grad_new = jax.vjp(fm.taylor_symmetric, x)[1](ct)[0]
+    grad_new = jax.vjp(taylor_symmetric, x)[1](ct)[0]
     grad_old = jax.vjp(gathered, x)[1](ct)[0]
     # each x_i's gradient sums the same terms in another order: float32 rounding, or
     # bfloat16's (8 bits) relative to the gradient's scale, where sums cancel
@@ -35,3 +42,15 @@ def test_slices_equal_gather_values_and_gradients(d, dtype):
     scale = 1e-6 if dtype == jnp.float32 else 1e-2 * np.abs(grad_old).max()
     np.testing.assert_allclose(np.asarray(grad_new, np.float32), grad_old, rtol=1e-6,
                                atol=scale)
+
+
+def test_the_gradient_form_by_backend(monkeypatch):
+    """Traced on a CPU the gradient is the written-out one (its pairs read by a gather);
+    on a GPU autodiff's sum of the slices' padded copies (no gather)."""
+    def primitives(backend):
+        monkeypatch.setattr(jax, "default_backend", lambda: backend)
+        grad = jax.grad(lambda x: jnp.sum(fm.taylor_symmetric(x) ** 2))
+        return str(jax.make_jaxpr(grad)(jnp.ones((2, 4, 16), jnp.float32)))
+
+    assert "gather" in primitives("cpu")
+    assert "gather" not in primitives("gpu")
