@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Issue 16: where based's and gated_deltanet's shakespeare_char_gpu rate went between
-# session 16 (based 0.85x softmax, GDN 1.20x) and session 31 (0.69x, 0.92x; same H200
-# kind, same script; session 31 ran the concatenated form of the Taylor backward, this
-# tree has its gather form). train.py's own rate (scripts/train_speed.py, 320 steps) in three
-# trees, one process after the other: this tree, .ab/s16, .ab/taylor_autodiff and
-# .ab/conv_before (next_ab_setup.sh builds them; parts skipped past the budget). Then Performer's rate with the Householder redraw (its
-# rows were cut in session 31; against hedgehog's, ~2.7x faster in session 30's lanes).
+# session 16 (based 0.85x softmax, GDN 1.20x) and session 31's call (0.69x, 0.92x; same
+# H200 kind, same script). After that call Based's Taylor gradient went back to autodiff
+# of the slices off CPU (the form session 16 measured). train.py's own rate
+# (scripts/train_speed.py, 320 steps) in four trees, one process after the other: this
+# tree, .ab/s16, .ab/taylor_written (the written-out gradient on the GPU too) and
+# .ab/conv_before (next_ab_setup.sh builds them; parts past the budget are skipped).
+# Then Performer's rate with the Householder redraw (its rows were cut in session 31;
+# against hedgehog's, ~2.7x faster in session 30's lanes).
 #   bash docs/measurements/session31/next_ab_setup.sh        # here, before the call
 #   run: bash docs/measurements/session31/next_ab.sh   carry: .whl .jobs .ab
 set -u
@@ -20,8 +22,8 @@ part 200 python scripts/train_speed.py --text $TEXT --out $OUT/head --rows shake
   --mixers softmax,based,gated_deltanet --tag _head
 part 200 python .ab/s16/scripts/train_speed.py --text $TEXT --out $OUT/s16 --rows shake \
   --mixers softmax,based,gated_deltanet --tag _s16
-part 80 python .ab/taylor_autodiff/scripts/train_speed.py --text $TEXT --out $OUT/taylor \
-  --rows shake --mixers based --tag _taylor_autodiff
+part 80 python .ab/taylor_written/scripts/train_speed.py --text $TEXT --out $OUT/taylor \
+  --rows shake --mixers based --tag _taylor_written
 part 80 python .ab/conv_before/scripts/train_speed.py --text $TEXT --out $OUT/conv_before \
   --rows shake --mixers gated_deltanet --tag _conv_before
 part 90 python scripts/train_speed.py --text $TEXT --out $OUT/performer --rows shake \
