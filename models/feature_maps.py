@@ -61,7 +61,7 @@ def taylor_symmetric(x):
     triu_indices: a gather's gradient is a scatter-add, slow on GPUs (docs/benchmarks.md,
     session 13). Same values and order as x[..., rows] * x[..., cols] for rows, cols =
     triu_indices(d). The gradient, by the default backend at trace time (as kernels.ops
-    dispatches; a lax.platform_dependent here cost the CPU step 3%): on CPU written out
+    dispatches; a lax.platform_dependent here cost the CPU step 4%): on CPU written out
     (_taylor_symmetric_bwd), since autodiff of the slices sums ~d^2 / 2 zero-padded
     copies, which XLA's CPU compiler fuses into the projection's weight-gradient transpose
     as one slow loop (docs/benchmarks.md, session 30); elsewhere autodiff of the slices,
