@@ -60,13 +60,12 @@ def taylor_symmetric(x):
     The pairs are built from slices (row i: x_i * x[i:]), not by indexing x with
     triu_indices: a gather's gradient is a scatter-add, slow on GPUs (docs/benchmarks.md,
     session 13). Same values and order as x[..., rows] * x[..., cols] for rows, cols =
-    triu_indices(d). The gradient, by the default backend at trace time (as kernels.ops
-    dispatches; a lax.platform_dependent here cost the CPU step 4%): on CPU written out
-    (_taylor_symmetric_bwd), since autodiff of the slices sums ~d^2 / 2 zero-padded
-    copies, which XLA's CPU compiler fuses into the projection's weight-gradient transpose
-    as one slow loop (docs/benchmarks.md, session 30); elsewhere autodiff of the slices,
-    the form the GPU rates of record were measured with (Based 0.85x softmax in session
-    16; the written-out form's GPU rate is not measured).
+    triu_indices(d). The gradient depends on the default backend, chosen at trace time
+    as kernels.ops dispatches (a lax.platform_dependent slowed the CPU step): on CPU it
+    is written out (_taylor_symmetric_bwd), since autodiff of the slices sums ~d^2 / 2
+    zero-padded copies, which XLA's CPU compiler fuses into the projection's
+    weight-gradient transpose as one slow loop; elsewhere autodiff of the slices, the form
+    the GPU rates of record were measured with (docs/benchmarks.md, sessions 16, 30, 31).
     """
     if jax.default_backend() == "cpu":
         return _taylor_symmetric(x)
