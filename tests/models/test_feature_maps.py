@@ -171,7 +171,8 @@ def test_simple_maps():
     np.testing.assert_allclose(fm.identity(x), x)
 
 
-@pytest.mark.parametrize("method", ["orthonormal_columns", "orthonormal_columns_gram_schmidt",
+@pytest.mark.parametrize("method", ["orthonormal_columns",
+                                    "orthonormal_columns_gram_schmidt",
                                     "orthonormal_columns_householder"])
 @pytest.mark.parametrize("shape", [(1, 4, 4), (3, 32, 32), (2, 128, 128)])
 def test_orthonormal_columns_is_numpys_qr_with_positive_diagonal(shape, method):
