@@ -208,18 +208,9 @@ def measure(cfg: Mapping, run: Mapping, workdir: str, train_wall: float, members
     the member's workdir; plus member_dir and population."""
     task = cfg["task"]
     mdir = member_dir(workdir, run)
-    rec = tasks.evaluate_run(task, str(mdir), dict(cfg.get("eval") or {}))
-    logged = tasks.read_train_log(str(mdir))
-    if "curve" in logged:
-        rec["metrics"]["curve"] = logged["curve"]
-        rec["metrics"]["best_val_loss"] = logged["best_val_loss"]
-    rec["tokens_per_s"] = logged.get("tokens_per_s")
-    rec["train_wall_s"] = train_wall
-    rec.update({"run": run["name"], "task": task, "setting": run["setting"],
-                "mixer": run["mixer"], "size": run["size"], "lr": run["lr"],
-                "seed": run["seed"], "steps": rec.pop("step"),
-                "wall_s": time.time() - started, "overrides": run["overrides"],
-                "member_dir": os.path.relpath(mdir, workdir),
+    rec = tasks.trained_record(task, str(mdir), dict(cfg.get("eval") or {}), train_wall)
+    tasks.with_run_fields(rec, run, task, time.time() - started)
+    rec.update({"member_dir": os.path.relpath(mdir, workdir),
                 "population": {"cell": cell_name(run), "members": members}})
     return rec
 

@@ -216,19 +216,9 @@ def do_run(cfg: Mapping, run: Mapping, workdir: str, python: str, deadline: floa
             train_inprocess(cfg, run, run_dir)
         else:
             train_subprocess(cfg, run, run_dir, python)
-        train_wall = time.time() - t0
-        rec = tasks.evaluate_run(task, run_dir, dict(cfg.get("eval") or {}))
-        logged = tasks.read_train_log(run_dir)
-        if "curve" in logged:
-            rec["metrics"]["curve"] = logged["curve"]
-            rec["metrics"]["best_val_loss"] = logged["best_val_loss"]
-        rec["tokens_per_s"] = logged.get("tokens_per_s")
-        rec["train_wall_s"] = train_wall
-    rec.update({"run": run["name"], "task": task, "setting": run["setting"],
-                "mixer": run["mixer"], "size": run["size"], "lr": run["lr"],
-                "seed": run["seed"], "steps": rec.pop("step"), "wall_s": time.time() - t0,
-                "overrides": run["overrides"]})
-    return rec
+        rec = tasks.trained_record(task, run_dir, dict(cfg.get("eval") or {}),
+                                   time.time() - t0)
+    return tasks.with_run_fields(rec, run, task, time.time() - t0)
 
 
 def keep_record(run_dir: str, name: str, record: Mapping) -> None:

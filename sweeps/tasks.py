@@ -101,6 +101,31 @@ def evaluate_run(task: str, run_dir: str, ecfg: Mapping[str, Any]) -> dict[str, 
             "layers": cfg_get(config, "model.num_layers")}
 
 
+def trained_record(task: str, run_dir: str, ecfg: Mapping[str, Any],
+                   train_wall: float) -> dict[str, Any]:
+    """evaluate_run's record of a trained run, with what its training log says: the loss
+    curve and best validation loss (when it evaluated), its tokens/s, and train_wall (s)."""
+    rec = evaluate_run(task, run_dir, ecfg)
+    logged = read_train_log(run_dir)
+    if "curve" in logged:
+        rec["metrics"]["curve"] = logged["curve"]
+        rec["metrics"]["best_val_loss"] = logged["best_val_loss"]
+    rec["tokens_per_s"] = logged.get("tokens_per_s")
+    rec["train_wall_s"] = train_wall
+    return rec
+
+
+def with_run_fields(rec: dict[str, Any], run: Mapping, task: str,
+                    wall_s: float) -> dict[str, Any]:
+    """rec with the run's grid fields (name, setting, mixer, size, lr, seed, overrides),
+    its step count under "steps" (evaluate_run's "step") and wall_s; rec itself."""
+    rec.update({"run": run["name"], "task": task, "setting": run["setting"],
+                "mixer": run["mixer"], "size": run["size"], "lr": run["lr"],
+                "seed": run["seed"], "steps": rec.pop("step"), "wall_s": wall_s,
+                "overrides": run["overrides"]})
+    return rec
+
+
 def setting_name(seq_len: int, kv: int) -> str:
     return f"T{int(seq_len)}_kv{int(kv)}"
 
