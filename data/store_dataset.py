@@ -30,7 +30,7 @@ from data import store as st
 from data import tokenizers as toks
 from data.base import Dataset, cfg_get
 from data.order import EpochPermutations, row_starts, step_rng
-from data.text import EOD, PACKINGS
+from data.text import EOD, packing_of
 
 
 class ShardedTokens:
@@ -96,9 +96,7 @@ class StoreDataset(Dataset):
     def __init__(self, cfg: Mapping, *, seed: int, tokenizer=None):
         self.seed = int(seed)
         self.seq_len = int(cfg_get(cfg, "seq_len", 256))
-        self.packing = cfg_get(cfg, "packing", "random_windows")
-        if self.packing not in PACKINGS:
-            raise ValueError(f"data.packing must be one of {PACKINGS}, got {self.packing!r}")
+        self.packing = packing_of(cfg)
         path = cfg_get(cfg, "store")
         if not path:
             raise ValueError("data.source=store needs data.store=PATH, a directory written "

@@ -22,6 +22,16 @@ from data.base import Dataset, cfg_get
 from data.order import EpochPermutations, row_starts, step_rng
 
 PACKINGS = ("random_windows", "rows")
+
+
+def packing_of(cfg: Mapping) -> str:
+    """data.packing (default "random_windows"), checked against PACKINGS."""
+    packing = cfg_get(cfg, "packing", "random_windows")
+    if packing not in PACKINGS:
+        raise ValueError(f"data.packing must be one of {PACKINGS}, got {packing!r}")
+    return packing
+
+
 EOD = "<|eod|>"
 
 
@@ -59,9 +69,7 @@ class TextDataset(Dataset):
     def __init__(self, cfg: Mapping, *, seed: int, tokenizer=None):
         self.seed = int(seed)
         self.seq_len = int(cfg_get(cfg, "seq_len", 256))
-        self.packing = cfg_get(cfg, "packing", "random_windows")
-        if self.packing not in PACKINGS:
-            raise ValueError(f"data.packing must be one of {PACKINGS}, got {self.packing!r}")
+        self.packing = packing_of(cfg)
         val_fraction = float(cfg_get(cfg, "val_fraction", 0.1))
 
         docs = load_documents(cfg)
