@@ -214,13 +214,8 @@ def _run_stage(spec: _Spec, dataset, mesh) -> tuple[dict, dict]:
     feed = loop._Feed(dataset, t_cfg.batch_size, t_cfg.eval_batches,
                       shd.batch_sharding(mesh))
     with contextlib.ExitStack() as opened:
-        if is_main:
-            opened.enter_context(workdir_lock.held(workdir))
-        opened.enter_context(checkpoint.orbax_records_hidden())
+        ckpt = loop.open_checkpointer(opened, workdir, t_cfg, is_main)
         keep_best = bool(t_cfg.get("keep_best", True))
-        ckpt = opened.enter_context(contextlib.closing(checkpoint.Checkpointer(
-            workdir, keep=t_cfg.keep_checkpoints, async_save=t_cfg.async_checkpoints,
-            keep_best=keep_best)))
         new_early = loop.early_stop_rule(t_cfg)
         restored = bool(ckpt.all_steps())
         if restored:

@@ -60,6 +60,20 @@ def train(config, workdir: str) -> dict[str, Any]:
             raise TrainingError(str(e)) from e
 
 
+def open_checkpointer(opened: contextlib.ExitStack, workdir: str, t_cfg,
+                      is_main: bool) -> checkpoint.Checkpointer:
+    """The run's checkpointer, entered into `opened` (closing it waits for an async save
+    in flight), after the workdir's lock on the main process (taken before anything is
+    written: a second run on the workdir stops there) and with orbax's per-save records
+    hidden."""
+    if is_main:
+        opened.enter_context(workdir_lock.held(workdir))
+    opened.enter_context(checkpoint.orbax_records_hidden())
+    return opened.enter_context(contextlib.closing(checkpoint.Checkpointer(
+        workdir, keep=t_cfg.keep_checkpoints, async_save=t_cfg.async_checkpoints,
+        keep_best=bool(t_cfg.get("keep_best", True)))))
+
+
 def _train(config, workdir: str) -> dict[str, Any]:
     t_cfg = config.train
     is_main = jax.process_index() == 0
@@ -71,13 +85,8 @@ def _train(config, workdir: str) -> dict[str, Any]:
     # Everything opened below is closed on the way out, whatever stops the run; closing
     # the checkpointer waits for an async save in flight.
     with contextlib.ExitStack() as opened:
-        if is_main:  # before anything is written: a second run on the workdir stops here
-            opened.enter_context(workdir_lock.held(workdir))
-        opened.enter_context(checkpoint.orbax_records_hidden())
+        ckpt = open_checkpointer(opened, workdir, t_cfg, is_main)
         keep_best = bool(t_cfg.get("keep_best", True))
-        ckpt = opened.enter_context(contextlib.closing(checkpoint.Checkpointer(
-            workdir, keep=t_cfg.keep_checkpoints, async_save=t_cfg.async_checkpoints,
-            keep_best=keep_best)))
         new_early = early_stop_rule(t_cfg)
         # A checkpoint of another model, or a resume with changed settings, stops here,
         # before config.json or metrics.jsonl change.
