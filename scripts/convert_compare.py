@@ -28,13 +28,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import pathlib
 import statistics
 import subprocess
 import sys
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from eval import intervals  # noqa: E402  (the repository's modules, run as a script)
 
 
 def _run(cmd: list[str], log: pathlib.Path) -> None:
@@ -85,11 +86,9 @@ def stage_steps(teacher_step: int, fraction: float, stage1_share: float) -> tupl
 
 
 def _interval(xs: list[float]) -> str:
-    if len(xs) < 2:
-        return f"{xs[0]:.4f}"
-    t = {2: 12.706, 3: 4.303, 4: 3.182, 5: 2.776}.get(len(xs), 2.0)
-    half = t * statistics.stdev(xs) / math.sqrt(len(xs))
-    return f"{statistics.mean(xs):.4f} +- {half:.4f}"
+    """mean +- the 95% t half-width (eval.intervals), or the one value."""
+    iv = intervals.mean_interval(xs)
+    return f"{iv.mean:.4f} +- {iv.half:.4f}" if iv.decided else f"{iv.mean:.4f}"
 
 
 def main():
