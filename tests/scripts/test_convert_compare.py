@@ -23,3 +23,11 @@ def test_nanogpt_teachers_best_step():
 def test_too_few_steps_to_split_is_refused():
     with pytest.raises(SystemExit):
         stage_steps(10, 0.1, 0.5)
+
+
+def test_table_interval_is_the_t_interval_at_any_count():
+    # six values: mean 1.25, sample sd sqrt(0.035) = 0.187083; t(0.975, 5) = 2.570582
+    # (any t-table), so the half-width is 2.570582 * 0.187083 / sqrt(6) = 0.196339
+    from scripts.convert_compare import _interval
+    assert _interval([1.0, 1.1, 1.2, 1.3, 1.4, 1.5]) == "1.2500 +- 0.1963"
+    assert _interval([1.4697]) == "1.4697"  # one value: no interval
