@@ -4,6 +4,7 @@
 # round, so that a ratio has an interval (session 31's H200 gave based 0.69x, session
 # 32's H100 0.83x, one sample each). ~145 s a round.
 #   run: bash docs/measurements/session32/next_speed_samples.sh   carry: .whl .jobs
+#   then here: python scripts/speed_ratios.py <the call's files_at>  (ratios, interval)
 set -u
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/ml_collections*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
