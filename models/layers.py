@@ -198,10 +198,17 @@ def _conv_taps(xp, segp, kernel, bias, activation: bool):
     (c, *C), bias (*C) or None."""
     c = kernel.shape[0]
     t = xp.shape[1] - (c - 1)
-    # keep[i] (B, T): tap i (reading x_{t - (c-1-i)}) lies in the query's segment
-    keep = (None if segp is None else
-            jnp.stack([segp[:, i:i + t] == segp[:, c - 1:] for i in range(c)]))
+    # keep[i] (B, T): tap i (reading x_{t - (c-1-i)}) lies in the query's segment; the
+    # last tap reads the query's own input, always kept, so keep holds the first c-1
+    keep = (None if segp is None or c == 1 else
+            jnp.stack([segp[:, i:i + t] == segp[:, c - 1:] for i in range(c - 1)]))
     return _conv_taps_fn(activation, xp, keep, kernel, bias)
+
+
+def _tap_keep(keep, i: int):
+    """Tap i's keep mask (B, ...) from keep (c-1, B, ...), or None (every row kept): no
+    masks at all, or the last tap (the query's own input)."""
+    return None if keep is None or i >= keep.shape[0] else keep[i]
 
 
 def _summed_to_type_of(cotangent, primal):
@@ -236,15 +243,15 @@ def _conv_pre(xp, keep, kernel, bias):
     c = kernel.shape[0]
     t = xp.shape[1] - (c - 1)
     w = kernel.astype(jnp.float32)
-    y = sum(_rows_where(None if keep is None else keep[i],
-                        xp[:, i:i + t].astype(jnp.float32)) * w[i] for i in range(c))
+    y = sum(_rows_where(_tap_keep(keep, i), xp[:, i:i + t].astype(jnp.float32)) * w[i]
+            for i in range(c))
     return y if bias is None else y + bias.astype(jnp.float32)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
 def _conv_taps_fn(activation: bool, xp, keep, kernel, bias):
-    """The conv (silu(_conv_pre) when activation) in xp's dtype; keep (c, B, T) bool or
-    None (every tap kept)."""
+    """The conv (silu(_conv_pre) when activation) in xp's dtype; keep (c-1, B, T) bool
+    (the first c-1 taps' masks) or None (every tap kept)."""
     y = _conv_pre(xp, keep, kernel, bias)
     return (jax.nn.silu(y) if activation else y).astype(xp.dtype)
 
@@ -267,8 +274,8 @@ def _conv_taps_bwd(activation, res, dy):
         sig = jax.nn.sigmoid(pre)
         g = g * sig * (1 + pre * (1 - sig))
     d_kernel = jnp.stack([
-        jnp.sum(g * _rows_where(None if keep is None else keep[i],
-                                xp[:, i:i + t].astype(jnp.float32)), axis=(0, 1))
+        jnp.sum(g * _rows_where(_tap_keep(keep, i), xp[:, i:i + t].astype(jnp.float32)),
+                axis=(0, 1))
         for i in range(c)])
     d_bias = None if bias is None else jnp.sum(g, axis=(0, 1)).astype(bias.dtype)
     # input j feeds output j - i through tap i, so d_xp[j] = sum_i w_i keep_i g at j - i:
@@ -278,7 +285,8 @@ def _conv_taps_bwd(activation, res, dy):
     if keep is not None:
         keep = jnp.pad(keep, [(0, 0), (0, 0), (c - 1, c - 1)])
     w = kernel.astype(jnp.float32)
-    d_xp = sum(_rows_where(None if keep is None else keep[i, :, c - 1 - i:c - 1 - i + span],
+    d_xp = sum(_rows_where(None if _tap_keep(keep, i) is None
+                           else keep[i, :, c - 1 - i:c - 1 - i + span],
                            g[:, c - 1 - i:c - 1 - i + span]) * w[i] for i in range(c))
     d_kernel = _summed_to_type_of(d_kernel.astype(kernel.dtype), kernel)
     d_bias = None if bias is None else _summed_to_type_of(d_bias, bias)

@@ -272,14 +272,15 @@ def test_bfloat16_short_conv_rounds_once():
     assert np.all(np.abs(got - ref) <= 0.5 * ulp * 1.01 + 1e-30)
 
 
-@pytest.mark.parametrize("bias, activation", [(False, True), (True, False)])
-def test_short_conv_gradients_match_float64_autodiff(bias, activation):
+@pytest.mark.parametrize("bias, activation, size", [(False, True, 4), (True, False, 4),
+                                                   (False, True, 2), (True, True, 1)])
+def test_short_conv_gradients_match_float64_autodiff(bias, activation, size):
     """The conv's hand-written backward (models.layers._conv_taps_bwd) against float64
     autodiff of the taps written out: gradients of x, the carried-in state, the kernel and
-    the bias, with packed documents (segment ids) and without."""
-    cfg = tiny_config(conv_size=4)
+    the bias, with packed documents (segment ids) and without, for 4, 2 and 1 taps."""
+    cfg = tiny_config(conv_size=size)
     conv = ShortConv(cfg, 6, rngs=nnx.Rngs(0), bias=bias, activation=activation)
-    x, state, cot = x_of((B, T, 6), 1), x_of((B, 3, 6), 2), x_of((B, T, 6), 3)
+    x, state, cot = x_of((B, T, 6), 1), x_of((B, size - 1, 6), 2), x_of((B, T, 6), 3)
     seg = jnp.asarray(np.repeat([[0, 1, 1, 2]], B, 0).repeat(T // 4, 1))
     kernel = conv.kernel[...]
     b = conv.bias[...] if bias else jnp.zeros((6,))
@@ -292,12 +293,12 @@ def test_short_conv_gradients_match_float64_autodiff(bias, activation):
     def plain(x, state, kernel, b, seg):  # float64, no custom rule
         xp = jnp.concatenate([state if seg is None else jnp.zeros_like(state), x], axis=1)
         segp = None if seg is None else jnp.concatenate(
-            [jnp.full((B, 3), -1, seg.dtype), seg], axis=1)
+            [jnp.full((B, size - 1), -1, seg.dtype), seg], axis=1)
         y = b if bias else 0.0
-        for i in range(4):
+        for i in range(size):
             tap = xp[:, i:i + T]
             if segp is not None:
-                tap = jnp.where((segp[:, i:i + T] == segp[:, 3:])[..., None], tap, 0)
+                tap = jnp.where((segp[:, i:i + T] == segp[:, size - 1:])[..., None], tap, 0)
             y = y + tap * kernel[i]
         y = y * jax.nn.sigmoid(y) if activation else y
         return jnp.sum(y * cot)
