@@ -118,6 +118,27 @@ def _mixer(name, mixer, **extra):
     return {"name": name, "overrides": o}
 
 
+def _tiny(c, base_config: str, seq_len: int, kinds: tuple) -> None:
+    """A CPU check of the sweep's machinery: softmax and gated_deltanet at one layer of
+    d32 trained 3 steps on base_config's synthetic needles, evaluated at 1x and 2x
+    seq_len, 3 depths, 4 examples of each kind."""
+    c.base_config = base_config
+    c.overrides.model.num_layers = 1
+    c.overrides.model.d_model = 32
+    c.overrides.model.num_heads = 2
+    c.overrides.data.seq_len = seq_len
+    c.overrides.train.steps = 3
+    c.overrides.train.batch_size = 4
+    c.overrides.train.precision = "float32"
+    c.settings = [{"name": f"L{seq_len}", "overrides": {}}]
+    c.mixers = [_mixer(mixers.SOFTMAX, mixers.SOFTMAX),
+                _mixer(mixers.GATED_DELTANET, mixers.GATED_DELTANET)]
+    c.sizes = [{"name": "d32", "overrides": {}}]
+    c.eval = {"niah": {"length_multiples": (1, 2), "num_depths": 3, "num_examples": 4,
+                       "batch_size": 4}, "kinds": kinds}
+    c.train_timeout_s = 600
+
+
 def get_config(arg: str = ""):
     if arg == "train":
         return train_config(with_text=True)
@@ -153,43 +174,15 @@ def get_config(arg: str = ""):
               "kinds": ("passkey", "multikey")}
     c.train_timeout_s = 3600
     if arg == "tiny":  # CPU check of the machinery: needles in random filler, a few steps
-        c.base_config = "configs/compare_niah.py:train_synthetic"
-        c.overrides.model.num_layers = 1
-        c.overrides.model.d_model = 32
-        c.overrides.model.num_heads = 2
-        c.overrides.data.seq_len = 64
-        c.overrides.train.steps = 3
-        c.overrides.train.batch_size = 4
-        c.overrides.train.precision = "float32"
-        c.settings = [{"name": "L64", "overrides": {}}]
-        c.mixers = [_mixer(mixers.SOFTMAX, mixers.SOFTMAX),
-                    _mixer(mixers.GATED_DELTANET, mixers.GATED_DELTANET)]
-        c.sizes = [{"name": "d32", "overrides": {}}]
-        c.eval = {"niah": {"length_multiples": (1, 2), "num_depths": 3, "num_examples": 4,
-                           "batch_size": 4}, "kinds": ("passkey",)}
-        c.train_timeout_s = 600
+        _tiny(c, "configs/compare_niah.py:train_synthetic", 64, ("passkey",))
     elif arg == "ruler":
         ruler(c)
     elif arg == "ruler_tiny":  # CPU check of :ruler: its six tasks, a few steps
         ruler(c)
-        c.base_config = "configs/compare_niah.py:train_ruler_synthetic"
-        c.overrides.model.num_layers = 1
-        c.overrides.model.d_model = 32
-        c.overrides.model.num_heads = 2
         # 96: the shortest length every task fits (mv's 4 x 7 answer digits and as many
         # needles; mk3's 21-token needles)
-        c.overrides.data.seq_len = 96
-        c.overrides.train.steps = 3
-        c.overrides.train.batch_size = 4
-        c.overrides.train.precision = "float32"
-        c.settings = [{"name": "L96", "overrides": {}}]
-        c.mixers = [_mixer(mixers.SOFTMAX, mixers.SOFTMAX),
-                    _mixer(mixers.GATED_DELTANET, mixers.GATED_DELTANET)]
-        c.sizes = [{"name": "d32", "overrides": {}}]
+        _tiny(c, "configs/compare_niah.py:train_ruler_synthetic", 96, tuple(RULER_NEEDLES))
         c.seeds = [0]
-        c.eval = {"niah": {"length_multiples": (1, 2), "num_depths": 3, "num_examples": 4,
-                           "batch_size": 4}, "kinds": tuple(RULER_NEEDLES)}
-        c.train_timeout_s = 600
     elif arg:
         raise ValueError(f"compare_niah: unknown variant {arg!r}; use '', 'tiny', 'ruler', "
                          "'ruler_tiny', 'train', 'train_synthetic', 'train_ruler' or "
