@@ -64,18 +64,12 @@ def main(argv):
     host_memory.keep_freed_memory()  # XLA's per-step CPU buffers stay mapped
     from absl import logging
     logging.set_verbosity(logging.WARNING)  # orbax logs every file it writes at INFO
-    from training import checkpoint, loop, sharding
+    from training import loop
 
     config = FLAGS.config
     maybe_initialize_distributed()
-    try:
+    with loop.command_errors():
         result = loop.train(config, FLAGS.workdir)
-    except loop.Interrupted as e:
-        print(f"{e}; checkpoint saved. Run the same command to resume.", file=sys.stderr)
-        sys.exit(128 + e.signum)
-    except (config_tools.ConfigError, sharding.MeshError, checkpoint.CheckpointMismatch,
-            loop.TrainingError) as e:
-        sys.exit(f"error: {e}")
     print(f"final: step {result['step']} eval_loss {result['eval_loss']:.4f} "
           f"eval_accuracy {result['eval_accuracy']:.4f}", flush=True)
 

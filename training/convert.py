@@ -554,14 +554,8 @@ def main(argv=None) -> None:
         sys.exit(f"error: {e}")
     from absl import logging as absl_logging
     absl_logging.set_verbosity(absl_logging.WARNING)
-    try:
+    with loop.command_errors(FileNotFoundError):
         report = run(config, workdir)
-    except loop.Interrupted as e:
-        print(f"{e}; checkpoint saved. Run the same command to resume.", file=sys.stderr)
-        sys.exit(128 + e.signum)
-    except (config_tools.ConfigError, checkpoint.CheckpointMismatch, loop.TrainingError,
-            FileNotFoundError) as e:
-        sys.exit(f"error: {e}")
     summary = {k: report[k]["eval_loss"] for k in ("teacher_eval", "stage1_eval",
                                                    "stage2_eval") if k in report}
     print("final: " + ", ".join(f"{k} {v:.4f}" for k, v in summary.items()), flush=True)

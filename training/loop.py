@@ -46,6 +46,22 @@ class Interrupted(Exception):
         self.signum, self.step = signum, step
 
 
+@contextlib.contextmanager
+def command_errors(*extra: type[Exception], saved: str = "checkpoint saved"):
+    """For a training command's main: a stop by SIGINT/SIGTERM (Interrupted) says what
+    was saved and how to resume, and exits with 128 + the signal's number, as a shell
+    reports a killed process; a bad config, mesh or checkpoint, a failed run, or one of
+    `extra`, exits with its one-line message (no traceback: the message names the fix)."""
+    try:
+        yield
+    except Interrupted as e:
+        print(f"{e}; {saved}. Run the same command to resume.", file=sys.stderr)
+        sys.exit(128 + e.signum)
+    except (config_tools.ConfigError, shd.MeshError, checkpoint.CheckpointMismatch,
+            TrainingError, *extra) as e:
+        sys.exit(f"error: {e}")
+
+
 def train(config, workdir: str) -> dict[str, Any]:
     """Trains (or resumes) the run in `workdir`; returns the final eval metrics (and
     `best_step`, the kept checkpoint with the lowest eval loss)."""

@@ -707,21 +707,14 @@ def _main(argv):
     del argv
     from absl import flags, logging
     logging.set_verbosity(logging.WARNING)
-    from training import sharding
     f = flags.FLAGS
     try:
         lrs = [float(x) for x in f.lrs.split(",") if x.strip()]
         seeds = [int(x) for x in f.seeds.split(",") if x.strip()]
     except ValueError as e:
         sys.exit(f"error: --lrs takes numbers and --seeds integers, comma-separated ({e})")
-    try:
+    with loop.command_errors(saved="checkpoints saved"):
         results = train_population(f.config, f.workdir, lrs, seeds, park=f.park)
-    except loop.Interrupted as e:
-        print(f"{e}; checkpoints saved. Run the same command to resume.", file=sys.stderr)
-        sys.exit(128 + e.signum)
-    except (config_tools.ConfigError, sharding.MeshError, checkpoint.CheckpointMismatch,
-            loop.TrainingError) as e:
-        sys.exit(f"error: {e}")
     print(results_table(results), flush=True)
 
 
