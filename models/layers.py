@@ -205,10 +205,10 @@ def _conv_taps(xp, segp, kernel, bias, activation: bool):
     return _conv_taps_fn(activation, xp, keep, kernel, bias)
 
 
-def _tap_keep(keep, i: int):
-    """Tap i's keep mask (B, ...) from keep (c-1, B, ...), or None (every row kept): no
-    masks at all, or the last tap (the query's own input)."""
-    return None if keep is None or i >= keep.shape[0] else keep[i]
+def _tap_keep(keep, i: int, rows: slice = slice(None)):
+    """Tap i's keep mask at `rows` of the time axis, (B, rows), from keep (c-1, B, T), or
+    None (every row kept): no masks at all, or the last tap (the query's own input)."""
+    return None if keep is None or i >= keep.shape[0] else keep[i, :, rows]
 
 
 def _summed_to_type_of(cotangent, primal):
@@ -285,9 +285,9 @@ def _conv_taps_bwd(activation, res, dy):
     if keep is not None:
         keep = jnp.pad(keep, [(0, 0), (0, 0), (c - 1, c - 1)])
     w = kernel.astype(jnp.float32)
-    d_xp = sum(_rows_where(None if _tap_keep(keep, i) is None
-                           else keep[i, :, c - 1 - i:c - 1 - i + span],
-                           g[:, c - 1 - i:c - 1 - i + span]) * w[i] for i in range(c))
+    rows = [slice(c - 1 - i, c - 1 - i + span) for i in range(c)]
+    d_xp = sum(_rows_where(_tap_keep(keep, i, rows[i]), g[:, rows[i]]) * w[i]
+               for i in range(c))
     d_kernel = _summed_to_type_of(d_kernel.astype(kernel.dtype), kernel)
     d_bias = None if bias is None else _summed_to_type_of(d_bias, bias)
     return _summed_to_type_of(d_xp.astype(xp.dtype), xp), None, d_kernel, d_bias
