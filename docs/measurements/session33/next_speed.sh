@@ -10,6 +10,11 @@
 #   2. two rounds of the three train.py rows, the second in reverse order (a drift that
 #      is linear in time falls on both sides alike), each row under its own limit so a
 #      slow row costs only itself; ratios within a round, as train.py runs them.
+#   The train.py rows share JAX's persistent compilation cache, so a mixer's second row
+#   runs the executable its first compiled: XLA's GPU autotuning times candidate kernels
+#   at compile time and may pick others in another process, one suspect for the spread;
+#   if the two rounds' rates of one mixer still differ by tens of percent, the machine
+#   moved, not the program.
 #   run: bash docs/measurements/session33/next_speed.sh   carry: .whl .jobs   (~560 s)
 #   then here: python scripts/speed_ratios.py <files_at>; round_robin.txt for step 1
 set -u
@@ -23,6 +28,7 @@ part 130 python scripts/cpu_step_work.py --wall --config configs/shakespeare_cha
   --steps 30 --rounds 10 --variant "model.mixer=softmax $V" \
   --variant "model.mixer=based $V" --variant "model.mixer=gated_deltanet $V" \
   | tee "$OUT/round_robin.txt"
+export JAX_COMPILATION_CACHE_DIR=/tmp/jax_cache_speed JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS=0
 for row in 0:softmax 0:based 0:gated_deltanet 1:gated_deltanet 1:based 1:softmax; do
   r=${row%%:*} mixer=${row#*:}
   part 100 python scripts/train_speed.py --text "$PWD/.jobs/input.txt" \
