@@ -57,7 +57,7 @@ def train_step_time(config, batch: int, seq_len: int, steps: int = 5) -> dict[st
         run, params, opt_state, batch_sh = jitted_train_step(config, dataset)
         batches = [shd.global_batch(dataset.batch(s, batch), batch_sh)
                    for s in range(steps + 1)]
-        keys = [(run.key(s), run.feature_key(s)) for s in range(steps + 1)]
+        keys = [run.keys(s) for s in range(steps + 1)]
         compiled = run.train.lower(params, opt_state, batches[0], *keys[0]).compile()
         params, opt_state, m = jax.block_until_ready(
             compiled(params, opt_state, batches[0], *keys[0]))

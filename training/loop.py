@@ -508,8 +508,7 @@ def _run_steps(state: _State, end_step: int, t_cfg, steps: runtime.Steps, feed: 
     start = state.step
     for s in range(start, end_step):
         state.params, state.opt_state, step_metrics = steps.train(
-            state.params, state.opt_state, feed.train(s), steps.key(s),
-            steps.feature_key(s))
+            state.params, state.opt_state, feed.train(s), *steps.keys(s))
         state.step = step = s + 1  # updates done
         step_log.add(step, step_metrics)
         sinks.progress.update()

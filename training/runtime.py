@@ -86,9 +86,15 @@ def init_fresh(model: Model, layout: Layout) -> tuple[dict, Any, Any]:
     return params, opt_state, rest
 
 
+@functools.partial(jax.jit, static_argnames="redraw_every")
+def _step_keys(base_key, step, redraw_every: int):
+    return (jax.random.fold_in(base_key, step),
+            jax.random.fold_in(base_key, step // max(redraw_every, 1)))
+
+
 class Steps(NamedTuple):
     """The compiled steps and the run's base key: step s trains with
-    train(params, opt_state, batch, key(s), feature_key(s))."""
+    train(params, opt_state, batch, *keys(s)), keys(s) = (key(s), feature_key(s))."""
     train: Callable
     eval: Callable
     base_key: Any
@@ -105,6 +111,11 @@ class Steps(NamedTuple):
         gives key(s), the features that every-step redraw always drew. The stream names
         keep these apart from dropout's keys of the same index. N = 0 draws none."""
         return jax.random.fold_in(self.base_key, step // max(self.redraw_every, 1))
+
+    def keys(self, step: int):
+        """(key(step), feature_key(step)) from one compiled call: the two fold_ins run
+        eagerly dispatch op by op, ~0.35 ms a step on a 2-core CPU against ~0.03 ms."""
+        return _step_keys(self.base_key, step, redraw_every=self.redraw_every)
 
 
 def compile_steps(model: Model, rest, layout: Layout, t_cfg, mesh,

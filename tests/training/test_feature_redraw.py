@@ -25,6 +25,24 @@ def _omegas(model, steps: runtime.Steps, s: int, rng=None):
     return [np.asarray(block.mixer._omega(deterministic=False)) for block in m.blocks]
 
 
+@pytest.mark.parametrize("n", [0, 1, 3, 100])
+def test_keys_in_one_call_are_the_eager_fold_ins(n):
+    """Steps.keys(s), what train.py's loop passes, is (fold_in(base, s), fold_in(base,
+    s // N)) bit for bit, as the eager rule (and a population's traced one) makes them,
+    so runs and resumes keep their dropout and feature draws."""
+    base = jax.random.key(11)
+    steps = runtime.Steps(None, None, base, n)
+    for s in [0, 1, 2, 3, 7, 99, 100, 101, 12_345, 2**31 - 1]:
+        key, feature_key = steps.keys(s)
+        want_key = jax.random.fold_in(base, s)
+        want_feature = jax.random.fold_in(base, s // max(n, 1))
+        assert np.array_equal(jax.random.key_data(key), jax.random.key_data(want_key)), s
+        assert np.array_equal(jax.random.key_data(feature_key),
+                              jax.random.key_data(want_feature)), s
+        assert np.array_equal(jax.random.key_data(steps.key(s)),
+                              jax.random.key_data(want_key))
+
+
 def test_features_change_exactly_when_step_over_n_does():
     n = 3
     model = LanguageModel(tiny_model_config(mixer="performer", num_layers=2,
