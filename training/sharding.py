@@ -204,7 +204,8 @@ def global_batch_from_process_data(local: Mapping[str, np.ndarray], sharding: Na
                                    global_shape: Sequence[int]) -> dict:
     """A global jax.Array per field of `global_shape` (leading dims; a field's trailing
     dims are its own) from this process's rows (`process_rows`, read by the data source
-    from its pure function of (seed, step)): `jax.make_array_from_process_local_data`.
+    from its pure function of (seed, step)): `jax.make_array_from_process_local_data`, or
+    on one process, which holds the whole batch, one `jax.device_put` of every field.
     Dimensions past the rows that this process does not hold whole (a sequence axis over
     processes) are cut from the local rows here."""
     local = {name: np.asarray(value) for name, value in local.items()}
