@@ -32,7 +32,7 @@ def at_shape(config, batch: int, seq_len: int):
 
 
 def jitted_train_step(config, dataset):
-    """(the compiled steps (runtime.Steps: .train, .key(s), .feature_key(s)), params,
+    """(the compiled steps (runtime.Steps: .train, .keys(s)), params,
     optimizer state, batch sharding) of a train.py config, set up by training.runtime as
     the training loop sets it up: the same mesh, shardings, optimizer, donation and train
     step (training.step.make_train_step)."""

@@ -57,8 +57,7 @@ def one(mixer: str, layers: int, scan: bool, d_model: int, seq_len: int,
             "mask": np.ones((batch, seq_len), np.float32)}
     data = shd.global_batch(host, layout.batch)
     c0, t0 = time.process_time(), time.perf_counter()
-    lowered = steps.train.lower(params, opt_state, data, steps.key(0),
-                                 steps.feature_key(0))
+    lowered = steps.train.lower(params, opt_state, data, *steps.keys(0))
     t1 = time.perf_counter()
     phase("compile")
     lowered.compile()

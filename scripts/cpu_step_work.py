@@ -101,7 +101,7 @@ class CompiledStep:
         dataset = builders.build_dataset(config)
         steps, params, opt_state, batch_sh = speed.jitted_train_step(config, dataset)
         self.data = shd.global_batch(dataset.batch(0, config.train.batch_size), batch_sh)
-        self.key = (steps.key(0), steps.feature_key(0))
+        self.key = steps.keys(0)
         t0 = clock()
         self.compiled = steps.train.lower(params, opt_state, self.data, *self.key).compile()
         self.compile_s = clock() - t0

@@ -237,7 +237,7 @@ def _compile(model: runtime.Model, layout: runtime.Layout, t_cfg, mesh,
     (params, opt_state, metrics with "active"), and eval(params, rests, batch) -> [M, 3]
     loss sums. batches: one batch per seed stacked, slots[i] member i's seed's place in
     it (the members of one seed read one batch: sent once, not once per lr).
-    Member i's keys of step s are its separate run's (runtime.Steps.key and feature_key
+    Member i's keys of step s are its separate run's (runtime.Steps.keys
     of base_keys[i]), folded inside the program rather than one dispatch per member.
 
     Member i's lr is its own schedule, picked by its index: every schedule is computed
@@ -257,7 +257,7 @@ def _compile(model: runtime.Model, layout: runtime.Layout, t_cfg, mesh,
         batch = jax.tree.map(lambda x: x[slot], batches)  # the member's seed's batch
         # The keys a separate run's step takes, by the same rule (runtime.Steps).
         keyed = runtime.Steps(None, None, base_key, model.redraw_every)
-        keys = (keyed.key(step_index), keyed.feature_key(step_index))
+        keys = keyed.keys(step_index)
         def schedule(count):
             return jnp.stack([s(count) for s in schedules])[index]
         tx, _ = optim.make_optimizer(t_cfg, model.params, model.logical, schedule=schedule)
