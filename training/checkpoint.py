@@ -480,7 +480,10 @@ def load_for_eval(workdir: str | os.PathLike, step: int | str | None = None, *,
     config = config_tools.load_config(workdir)
     dataset = workdir_tokenizer.eval_dataset(config, workdir, data=data)
     model_cfg = builders.build_model_config(config, dataset)
-    with nnx.use_eager_sharding(False):
+    # Only parameters are restored; the model's other draws (Performer's omega) are made
+    # again from the run's seed, so through the PRNG the run was keyed with.
+    with nnx.use_eager_sharding(False), \
+            jax.default_prng_impl(config.train.get("prng_impl", "threefry2x32")):
         model = builders.model_factory(model_cfg, config.train.seed)()
     params_state = nnx.state(model, nnx.Param)
     names = {model_state.path_name(p): p for p, _ in params_state.flat_state()}

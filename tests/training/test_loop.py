@@ -245,3 +245,26 @@ def test_early_stop_accuracy_stops_at_the_first_eval_above_it(tmp_path):
     assert never["step"] == 12 or max(acc.values()) > 0.999999
     with pytest.raises(config_tools.ConfigError, match="early_stop_accuracy"):
         loop.train(tiny_config(**{"train.early_stop_accuracy": 99.0}), str(tmp_path / "bad"))
+
+
+def test_load_for_eval_rebuilds_random_features_with_the_runs_prng(tmp_path):
+    """A model's non-parameter draws (Performer's omega, which checkpoints do not hold)
+    come from the run's seed through train.prng_impl: a run keyed by unsafe_rbg, loaded
+    for evaluation, must draw the omega it trained and evaluated with, so its loss is
+    the loop's final eval loss (it was 4.8 against 1.7 on tiny-Shakespeare when the
+    loader drew omega with threefry)."""
+    kw = {"model.mixer": "performer", "model.performer_redraw_every": 0,
+          "train.prng_impl": "unsafe_rbg"}
+    result = loop.train(tiny_config(**kw), str(tmp_path))
+    model, config, dataset, _ = checkpoint.load_for_eval(tmp_path)
+    with jax.default_prng_impl("unsafe_rbg"):
+        trained_omega = builders.model_factory(
+            builders.build_model_config(config, dataset), config.train.seed)().blocks[0]
+    np.testing.assert_array_equal(model.blocks[0].mixer.omega[...],
+                                  trained_omega.mixer.omega[...])
+    total = np.zeros(3)
+    for b in dataset.eval_batches(config.train.batch_size, config.train.eval_batches):
+        total += np_masked_xent(model(b["inputs"], segment_ids=b["segment_ids"]),
+                                b["targets"], b["mask"])
+    assert result["eval_loss"] == pytest.approx(total[0] / total[1], rel=1e-5)
+    assert str(jax.random.key(0).dtype) == "key<fry>"  # the process default is kept
