@@ -57,20 +57,22 @@ def loss_curves(curves: dict[str, Sequence[Sequence[tuple[int, float]]]], path: 
     with the band from their lowest to highest where there are several."""
     # the legend beside the axes, not over the curves (13 mixers' names cover them)
     fig, ax = plt.subplots(figsize=(10, 4.2))
-    for name, runs in sorted(curves.items()):
-        runs = [pts for pts in runs if pts]
-        if not runs:
-            continue
+    drawn = [(name, [pts for pts in runs if pts]) for name, runs in sorted(curves.items())]
+    drawn = [(name, runs) for name, runs in drawn if runs]
+    for i, (name, runs) in enumerate(drawn):
         band = seed_band(runs)
         xs, mean, lo, hi, _ = zip(*band)
         label = name if len(runs) == 1 else f"{name} (mean of {len(runs)} seeds, min-max)"
-        (line,) = ax.plot(xs, mean, marker=".", label=label)
+        # ten colours, then the same ten dashed, then dotted: no two lines alike up to 30
+        (line,) = ax.plot(xs, mean, marker=".", label=label, color=plt.cm.tab10(i % 10),
+                          linestyle=("-", "--", ":")[(i // 10) % 3])
         if len(runs) > 1:
             ax.fill_between(xs, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
     ax.set_xlabel("training step")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0,
+              handlelength=3.5)  # long enough to show a dash
     return _save(fig, path)
 
 

@@ -304,6 +304,19 @@ def test_loss_curves_draw_the_seeds_mean_and_spread(monkeypatch, tmp_path):
     assert min(ys) == 1.0 and max(ys) == 4.0
 
 
+def test_loss_curves_style_every_line_apart(monkeypatch, tmp_path):
+    """Thirteen mixers (tiny-Shakespeare's table): no two lines share colour and dash,
+    so the legend names one line each (matplotlib's cycle repeats after ten colours)."""
+    from eval import plots
+    figs = []
+    monkeypatch.setattr(plots, "_save", lambda fig, path: figs.append(fig) or path)
+    plots.loss_curves({f"m{i:02d}": [[(250, 2.0 + i), (500, 1.0 + i)]] for i in range(13)},
+                      str(tmp_path / "x.png"))
+    (ax,) = figs[0].axes
+    styles = {(tuple(line.get_color()), line.get_linestyle()) for line in ax.get_lines()}
+    assert len(styles) == 13
+
+
 def test_recall_scatter_draws_reference_points(monkeypatch, tmp_path):
     """Published points (Zoology's, from the MQAR config) are drawn on every panel at
     their (state size, accuracy), beside the measured curves."""
