@@ -1,0 +1,48 @@
+#!/usr/bin/env bash
+# Issue 16's whole-model criteria in one job, each row the step train.py runs compiled in
+# one process and timed round-robin (scripts/cpu_step_work.py --wall): session 34 showed
+# the round-robin form steady to ~1% between processes (shake rows, H100), where train.py
+# processes one after another have spread up to 29% (session 33).
+#   1. configs/shakespeare_char_gpu.py: softmax, based, gated_deltanet (based >= 0.8x,
+#      gated_deltanet >= 0.9x softmax's tokens/s);
+#   2. 8 layers d1024 8 heads, B4 T2048 packed byte text (scripts/train_speed.py's
+#      d1024 rows, configs/lm_files.py): softmax, gated_deltanet, the 1-in-8 hybrid
+#      (gated_deltanet >= 1.0x; hybrid within 5% of gated_deltanet);
+#   3. the same at T8192: softmax, gated_deltanet, based, hybrid (gated_deltanet >=
+#      1.25x, based >= 1.0x, hybrid within 5%).
+# Each variant's "compile" figure is its train step's lower + compile alone (not train.py's
+# first step, which also initialises). Ratios: ms a step, inverted for tokens/s.
+#   run: bash docs/measurements/session34/next_issue16.sh   carry: .whl .jobs  (~540 s)
+#   CPU check of the mechanics: SMALL=1 bash docs/measurements/session34/next_issue16.sh
+set -u
+if [ -z "${SMALL:-}" ]; then
+  python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/ml_collections*.whl
+  export PYTHONPATH=/tmp/site
+  nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+fi
+export PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2
+OUT=${OUT:-/tmp/next_issue16}; mkdir -p "$OUT"
+BUDGET=${BUDGET:-560}
+source scripts/device_budget.sh
+TEXT="data.files=$PWD/.jobs/input.txt"
+if [ -n "${SMALL:-}" ]; then  # the same commands at a size a 2-core CPU runs in seconds
+  SHAKE="$TEXT model.d_model=64 model.num_layers=2 model.num_heads=2 train.batch_size=4"
+  big() { echo "$TEXT model.d_model=64 model.num_layers=2 model.num_heads=2 model.max_len=$1 data.seq_len=$1 data.sample_by=paragraph train.batch_size=2"; }
+  STEPS="--steps 2 --rounds 2"; STEPS_T8192="--steps 2 --rounds 2"; T2=128; T8=256
+else
+  SHAKE="$TEXT"
+  big() { echo "$TEXT model.d_model=1024 model.num_layers=8 model.num_heads=8 model.max_len=$1 data.seq_len=$1 data.sample_by=paragraph train.batch_size=4"; }
+  STEPS="--steps 20 --rounds 8"; STEPS_T8192="--steps 8 --rounds 6"; T2=2048; T8=8192
+fi
+HYBRID="model.mixer=gated_deltanet model.softmax_every=8"
+part 150 python scripts/cpu_step_work.py --wall --config configs/shakespeare_char_gpu.py \
+  $STEPS --variant "model.mixer=softmax $SHAKE" --variant "model.mixer=based $SHAKE" \
+  --variant "model.mixer=gated_deltanet $SHAKE" 2>&1 | grep -v "rounds:" | tee "$OUT/shake.txt"
+part 170 python scripts/cpu_step_work.py --wall --config configs/lm_files.py $STEPS \
+  --variant "model.mixer=softmax $(big $T2)" --variant "model.mixer=gated_deltanet $(big $T2)" \
+  --variant "$HYBRID $(big $T2)" 2>&1 | grep -v "rounds:" | tee "$OUT/d1024_T2048.txt"
+part 220 python scripts/cpu_step_work.py --wall --config configs/lm_files.py $STEPS_T8192 \
+  --variant "model.mixer=softmax $(big $T8)" --variant "model.mixer=gated_deltanet $(big $T8)" \
+  --variant "model.mixer=based $(big $T8)" --variant "$HYBRID $(big $T8)" 2>&1 \
+  | grep -v "rounds:" | tee "$OUT/d1024_T8192.txt"
+echo "all done: $(( $(date +%s) - BUDGET_T0 )) s"
