@@ -89,7 +89,9 @@ def get_config() -> ml_collections.ConfigDict:
         # Resume with another seed, lr schedule or data setting (refused otherwise);
         # the change is recorded in WORKDIR/config_history.jsonl.
         allow_config_change=False,
-        peak_flops=0.0,                                 # per device, for MFU; 0 = table
+        # Peak FLOP/s per device for MFU; 0: training.flops' table (H100, H200, A100, TPUs),
+        # none known on a CPU or another device, and then no MFU is logged.
+        peak_flops=0.0,
         # Random-number generator for dropout and init: "threefry2x32" (same bits on every
         # backend), or "unsafe_rbg" / "rbg" (the hardware generator: much faster dropout
         # masks on GPU/TPU, bits differ between backends).

@@ -230,7 +230,7 @@ def _run_stage(spec: _Spec, dataset, mesh) -> tuple[dict, dict]:
         start = state.step
         steps = spec.steps()
         n_params = model_state.num_params(spec.shapes)
-        banner = f"{spec.name}: " + loop._banner(n_params, spec.model_cfg, mesh, start)
+        banner = f"{spec.name}: " + loop._banner(n_params, spec.model_cfg, mesh, start, config)
         sinks = loop._open_sinks(opened, config, workdir, start if restored else None,
                                  banner, is_main)
         stop = opened.enter_context(loop._signals_caught())

@@ -123,7 +123,7 @@ def _train(config, workdir: str) -> dict[str, Any]:
                                       step_fns.Rows.of(dataset))
 
         n_params = model_state.num_params(model.shapes)
-        banner = _banner(n_params, model_cfg, mesh, start)
+        banner = _banner(n_params, model_cfg, mesh, start, config)
         sinks = _open_sinks(opened, config, workdir, start if restored else None, banner,
                             is_main)
         stop = opened.enter_context(_signals_caught())
@@ -325,11 +325,12 @@ def _evaluate(eval_step, params, feed: _Feed, step: int) -> dict:
 
 
 # ---------------------------------------------------------------------------------- logging
-def _banner(n_params: int, model_cfg, mesh, start: int) -> str:
+def _banner(n_params: int, model_cfg, mesh, start: int, config) -> str:
     where = f"resuming from step {start}" if start else "starting fresh"
+    peak = flops.run_peak(config.train.peak_flops, model_cfg.dtype)
     return (f"{n_params:,} parameters; mixers {model_cfg.layer_mixers()}; mesh "
             f"{dict(mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} "
-            f"device(s); {where}")
+            f"device(s); {where}{flops.peak_note(peak)}")
 
 
 def _open_sinks(opened: contextlib.ExitStack, config, workdir: str, resume_step: int | None,
@@ -357,8 +358,7 @@ class _Speed:
         self.tokens_per_step = config.train.batch_size * seq_len
         self.flops_per_token = flops.train_flops_per_token(
             n_params, model_cfg.to_dict(), seq_len, model_cfg.layer_mixers())
-        self.peak = (config.train.peak_flops
-                     or flops.peak_flops_per_device(precision=model_cfg.dtype))
+        self.peak = flops.run_peak(config.train.peak_flops, model_cfg.dtype)
         self.restart(step)
 
     def restart(self, step: int):
@@ -371,8 +371,13 @@ class _Speed:
         self.step, self.t = step, now
         return rate
 
-    def mfu(self, tokens_per_s: float) -> float:
+    def mfu(self, tokens_per_s: float) -> float | None:
         return flops.mfu(tokens_per_s, self.flops_per_token, jax.device_count(), self.peak)
+
+    def entry(self, tokens_per_s: float) -> dict:
+        """The speed fields of a logged entry: tokens/s, and MFU where a peak is known."""
+        mfu = self.mfu(tokens_per_s)
+        return {"tokens_per_s": tokens_per_s, **({} if mfu is None else {"mfu": mfu})}
 
 
 class _StepLog:
@@ -405,10 +410,10 @@ class _StepLog:
             self.sinks.show(self._entry(steps[-1], values[-1]))
 
     def _entry(self, step: int, m) -> dict:
-        tokens_per_s = self.speed.tokens_per_s(step)
         return {"step": step, "loss": float(m["loss"]),
-                "lr": float(self.schedule(step - 1)), "tokens_per_s": tokens_per_s,
-                "grad_norm": float(m["grad_norm"]), "mfu": self.speed.mfu(tokens_per_s)}
+                "lr": float(self.schedule(step - 1)),
+                **self.speed.entry(self.speed.tokens_per_s(step)),
+                "grad_norm": float(m["grad_norm"])}
 
     def _non_finite(self, step: int, loss: float) -> TrainingError:
         what = (f"loss is {loss}" if not math.isfinite(loss)

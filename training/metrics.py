@@ -154,9 +154,9 @@ class Progress:
             self.bar.set_postfix(loss=f"{entry['loss']:.4f}",
                                  tok_s=f"{entry['tokens_per_s']:.0f}", refresh=False)
         else:
+            mfu = f", mfu {100 * entry['mfu']:.2f}%" if "mfu" in entry else ""
             print(f"step {entry['step']}: loss {entry['loss']:.4f}, lr {entry['lr']:.2e}, "
-                  f"{entry['tokens_per_s']:.0f} tok/s, mfu {100 * entry['mfu']:.2f}%",
-                  flush=True)
+                  f"{entry['tokens_per_s']:.0f} tok/s{mfu}", flush=True)
 
     def write(self, text: str):
         if self.bar is not None:

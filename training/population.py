@@ -606,9 +606,8 @@ class _Population:
                     loss = float(m["loss"][row])
                     r.sinks.show({"step": step, "loss": loss,
                                   "lr": float(r.schedule(step - 1)),
-                                  "tokens_per_s": tokens_per_s,
-                                  "grad_norm": float(m["grad_norm"][row]),
-                                  "mfu": self.speed.mfu(tokens_per_s)})
+                                  **self.speed.entry(tokens_per_s),
+                                  "grad_norm": float(m["grad_norm"][row])})
                     shown.append(f"{loss:.4f}")
                     shown_losses.append(loss)
                 else:

@@ -29,5 +29,21 @@ def test_loop_flops_refuse_another_layout():
 
 
 def test_mfu_and_peak():
+    """MFU against the table's or the given peak; none where no peak is known (a CPU, a
+    device the table lacks), rather than a ratio against a guess."""
     assert flops.mfu(1000.0, 1e6, 2, 1e10) == pytest.approx(0.05)
-    assert flops.peak_flops_per_device() == flops.CPU_NOMINAL_PEAK  # this machine
+    assert flops.peak_flops_per_device() is None  # this machine: a CPU
+    assert flops.mfu(1000.0, 1e6, 2, None) is None
+    assert flops.run_peak(0.0, "float32") is None
+    assert flops.run_peak(2e12, "float32") == 2e12
+    assert "train.peak_flops" in flops.peak_note(None) and flops.peak_note(2e12) == ""
+
+    class H100:
+        platform, device_kind = "gpu", "NVIDIA H100 80GB HBM3"
+
+    class L4:
+        platform, device_kind = "gpu", "NVIDIA L4"
+
+    assert flops.peak_flops_per_device(H100(), "bfloat16") == 989e12
+    assert flops.peak_flops_per_device(H100(), "float32") == 494e12
+    assert flops.peak_flops_per_device(L4(), "bfloat16") is None

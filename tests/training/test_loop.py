@@ -59,7 +59,8 @@ def test_load_for_eval_reproduces_final_eval(trained):
     entries = metrics.read_metrics(workdir)
     assert [e["step"] for e in entries if "loss" in e] == list(range(1, 13))
     assert entries[-1]["step"] == 12 and "eval_loss" in entries[-1]
-    assert {"lr", "tokens_per_s", "mfu"} <= set(entries[0])
+    assert {"lr", "tokens_per_s"} <= set(entries[0])
+    assert "mfu" not in entries[0]  # a CPU: no known peak (test_mfu_against_a_given_peak)
     assert json.loads((workdir / "config.json").read_text())["model"]["d_model"] == 32
 
 
@@ -268,3 +269,30 @@ def test_load_for_eval_rebuilds_random_features_with_the_runs_prng(tmp_path):
                                 b["targets"], b["mask"])
     assert result["eval_loss"] == pytest.approx(total[0] / total[1], rel=1e-5)
     assert str(jax.random.key(0).dtype) == "key<fry>"  # the process default is kept
+
+
+def test_mfu_against_a_given_peak(tmp_path, capsys):
+    """train.peak_flops gives the peak MFU is reported against: each logged MFU is that
+    entry's tokens/s times the model's training FLOPs a token over the peak. Without it a
+    CPU run reports none and its banner says why."""
+    from training import flops as train_flops
+    kw = {"train.steps": 4, "train.log_every": 2, "train.checkpoint_every": 0,
+          "logging.progress": False}
+    loop.train(tiny_config(**kw, **{"train.peak_flops": 1e9}), str(tmp_path / "peak"))
+    config = tiny_config()
+    dataset = builders.build_dataset(config)
+    model_cfg = builders.build_model_config(config, dataset)
+    n_params = sum(x.size for x in jax.tree.leaves(nnx.state(
+        builders.model_factory(model_cfg, 0)(), nnx.Param)))
+    per_token = train_flops.train_flops_per_token(n_params, model_cfg.to_dict(),
+                                                  config.data.seq_len)
+    logged = [e for e in metrics.read_metrics(tmp_path / "peak") if "loss" in e]
+    assert [e["step"] for e in logged] == [1, 2, 4]
+    for e in logged:
+        assert e["mfu"] == pytest.approx(e["tokens_per_s"] * per_token / 1e9, rel=1e-9)
+    shown = capsys.readouterr().out
+    assert "mfu" in shown and "MFU not reported" not in shown
+    loop.train(tiny_config(**kw), str(tmp_path / "cpu"))
+    shown = capsys.readouterr()
+    assert "MFU not reported" in shown.out + shown.err and "mfu" not in shown.out
+    assert all("mfu" not in e for e in metrics.read_metrics(tmp_path / "cpu"))
