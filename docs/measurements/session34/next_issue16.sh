@@ -12,8 +12,12 @@
 #      1.25x, based >= 1.0x, hybrid within 5%).
 # Each variant's "compile" figure is its train step's lower + compile alone (not train.py's
 # first step, which also initialises). Ratios: ms a step, inverted for tokens/s.
+#   4. (PARTS=based) where Based's shake step goes: based against its two parts alone
+#      (taylor, sliding_window), softmax, and based with the window's banded form
+#      (window_impl=blocked) or the Taylor part in the pure-JAX chunk form (impl=chunk).
 #   run: bash docs/measurements/session34/next_issue16.sh   carry: .whl .jobs  (~540 s)
-#   CPU check of the mechanics: SMALL=1 bash docs/measurements/session34/next_issue16.sh
+#        PARTS=based bash docs/measurements/session34/next_issue16.sh   (~200 s)
+#   CPU check of the mechanics: SMALL=1 [PARTS=...] bash docs/measurements/session34/next_issue16.sh
 set -u
 if [ -z "${SMALL:-}" ]; then
   python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/ml_collections*.whl
@@ -35,14 +39,22 @@ else
   STEPS="--steps 20 --rounds 8"; STEPS_T8192="--steps 8 --rounds 6"; T2=2048; T8=8192
 fi
 HYBRID="model.mixer=gated_deltanet model.softmax_every=8"
-part 150 python scripts/cpu_step_work.py --wall --config configs/shakespeare_char_gpu.py \
+PARTS=${PARTS:-shake t2048 t8192}
+has() { [[ " $PARTS " == *" $1 "* ]]; }
+has shake && part 150 python scripts/cpu_step_work.py --wall --config configs/shakespeare_char_gpu.py \
   $STEPS --variant "model.mixer=softmax $SHAKE" --variant "model.mixer=based $SHAKE" \
   --variant "model.mixer=gated_deltanet $SHAKE" 2>&1 | grep -v "rounds:" | tee "$OUT/shake.txt"
-part 170 python scripts/cpu_step_work.py --wall --config configs/lm_files.py $STEPS \
+has t2048 && part 170 python scripts/cpu_step_work.py --wall --config configs/lm_files.py $STEPS \
   --variant "model.mixer=softmax $(big $T2)" --variant "model.mixer=gated_deltanet $(big $T2)" \
   --variant "$HYBRID $(big $T2)" 2>&1 | grep -v "rounds:" | tee "$OUT/d1024_T2048.txt"
-part 220 python scripts/cpu_step_work.py --wall --config configs/lm_files.py $STEPS_T8192 \
+has t8192 && part 220 python scripts/cpu_step_work.py --wall --config configs/lm_files.py $STEPS_T8192 \
   --variant "model.mixer=softmax $(big $T8)" --variant "model.mixer=gated_deltanet $(big $T8)" \
   --variant "model.mixer=based $(big $T8)" --variant "$HYBRID $(big $T8)" 2>&1 \
   | grep -v "rounds:" | tee "$OUT/d1024_T8192.txt"
+has based && part 200 python scripts/cpu_step_work.py --wall --config configs/shakespeare_char_gpu.py \
+  $STEPS --variant "model.mixer=softmax $SHAKE" --variant "model.mixer=based $SHAKE" \
+  --variant "model.mixer=taylor $SHAKE" --variant "model.mixer=sliding_window $SHAKE" \
+  --variant "model.mixer=based model.window_impl=blocked $SHAKE" \
+  --variant "model.mixer=based model.impl=chunk $SHAKE" 2>&1 | grep -v "rounds:" \
+  | tee "$OUT/based_parts.txt"
 echo "all done: $(( $(date +%s) - BUDGET_T0 )) s"
