@@ -15,8 +15,12 @@
 #   4. (PARTS=based) where Based's shake step goes: based against its two parts alone
 #      (taylor, sliding_window), softmax, and based with the window's banded form
 #      (window_impl=blocked) or the Taylor part in the pure-JAX chunk form (impl=chunk).
+#   5. (PARTS=compile) the compile criteria's programs, one process: softmax and
+#      gated_deltanet at 8 layers (GDN <= 20 s and <= 1.3x softmax), gated_deltanet at 8
+#      and 24 layers scanned (24 <= 1.2x 8), d1024 T2048; the figure is the train step's
+#      lower + compile (train.py's first step adds init and the first batch).
 #   run: bash docs/measurements/session34/next_issue16.sh   carry: .whl .jobs  (~540 s)
-#        PARTS=based bash docs/measurements/session34/next_issue16.sh   (~200 s)
+#        PARTS="based compile" bash docs/measurements/session34/next_issue16.sh   (~400 s)
 #   CPU check of the mechanics: SMALL=1 [PARTS=...] bash docs/measurements/session34/next_issue16.sh
 set -u
 if [ -z "${SMALL:-}" ]; then
@@ -57,4 +61,10 @@ has based && part 200 python scripts/cpu_step_work.py --wall --config configs/sh
   --variant "model.mixer=based model.window_impl=blocked $SHAKE" \
   --variant "model.mixer=based model.impl=chunk $SHAKE" 2>&1 | grep -v "rounds:" \
   | tee "$OUT/based_parts.txt"
+SCAN="model.mixer=gated_deltanet model.scan_layers=True"
+has compile && part 200 python scripts/cpu_step_work.py --wall --config configs/lm_files.py \
+  --steps 2 --rounds 1 --variant "model.mixer=softmax $(big $T2)" \
+  --variant "model.mixer=gated_deltanet $(big $T2)" --variant "$SCAN $(big $T2)" \
+  --variant "$SCAN $(big $T2) model.num_layers=24" 2>&1 | grep -v "rounds:" \
+  | tee "$OUT/compile.txt"
 echo "all done: $(( $(date +%s) - BUDGET_T0 )) s"
