@@ -53,7 +53,7 @@ def peak_note(peak: float | None) -> str:
     if peak:
         return ""
     kind = jax.devices()[0].device_kind
-    return (f"; MFU not reported (no peak FLOP/s known for {kind!r}: set "
+    return (f" (MFU not reported: no peak FLOP/s known for {kind!r}; set "
             f"train.peak_flops to see it)")
 
 

@@ -330,7 +330,7 @@ def _banner(n_params: int, model_cfg, mesh, start: int, config) -> str:
     peak = flops.run_peak(config.train.peak_flops, model_cfg.dtype)
     return (f"{n_params:,} parameters; mixers {model_cfg.layer_mixers()}; mesh "
             f"{dict(mesh.shape)} over {jax.device_count()} {jax.devices()[0].platform} "
-            f"device(s); {where}{flops.peak_note(peak)}")
+            f"device(s){flops.peak_note(peak)}; {where}")
 
 
 def _open_sinks(opened: contextlib.ExitStack, config, workdir: str, resume_step: int | None,
