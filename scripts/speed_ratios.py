@@ -10,12 +10,21 @@ round, measured in one job, so each round gives one ratio per mixer (its tokens/
 the base mixer's of the same round), and the ratios' mean gets the 95% t-interval of
 eval.intervals. A ratio is a within-round figure: rounds from different jobs or cards
 should not be mixed in one call.
+
+Also reads round-robin outputs (`*.txt` under the folders, or named: the lines
+`scripts/cpu_step_work.py --variant ...` prints, "<ms> wall ms/step (...), compile ...
+<overrides>"), where one process timed every variant in turn: each file is one round, a
+variant's ratio is the base's ms a step over its own (tokens/s, the batch being the
+same), and files that timed the same variants are rounds of one row, named by the first
+file. A variant is named by its overrides less those every variant of its file shares,
+"model.mixer=" dropped ("based", "gated_deltanet model.softmax_every=8").
 """
 from __future__ import annotations
 
 import argparse
 import json
 import pathlib
+import re
 import sys
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
@@ -60,21 +69,62 @@ def ratios(rows: dict[str, dict], base: str) -> dict[tuple[str, str], list[float
     return out
 
 
+# A line of cpu_step_work.py's round-robin table: ms a step, then the variant's overrides.
+STEP_LINE = re.compile(r"^\s*([\d.]+) (?:wall|CPU) ms/step \(.*\), compile [\d.]+ "
+                       r"(?:wall|CPU) s  (.*)$")
+
+
+def step_times(text: str) -> dict[str, float]:
+    """{variant name: ms a step} of one round-robin output (module docstring)."""
+    timed = [(m.group(2).split(), float(m.group(1)))
+             for m in map(STEP_LINE.match, text.splitlines()) if m]
+    shared = set.intersection(*(set(o) for o, _ in timed)) if len(timed) > 1 else set()
+    out = {}
+    for overrides, ms in timed:
+        own = [o.removeprefix("model.mixer=") for o in overrides if o not in shared]
+        out[" ".join(own) or "defaults"] = ms
+    return out
+
+
+def step_ratios(texts: dict[str, str], base: str) -> dict[tuple[str, str], list[float]]:
+    """{(row, variant): [base ms / variant ms, one per file]} of round-robin outputs
+    ({file name: text}); files without the base variant are left out."""
+    rows: dict[tuple[str, ...], tuple[str, list[dict[str, float]]]] = {}
+    for name, text in texts.items():
+        times = step_times(text)
+        if base in times:
+            key = tuple(sorted(times))
+            rows.setdefault(key, (name, []))[1].append(times)
+    out: dict[tuple[str, str], list[float]] = {}
+    for row, rounds in rows.values():
+        for times in rounds:
+            for variant, ms in times.items():
+                if variant != base:
+                    out.setdefault((row, variant), []).append(times[base] / ms)
+    return out
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("paths", nargs="+",
-                    help="train_speed.json files (any name), or folders searched for them")
+                    help="train_speed.json files or round-robin *.txt outputs, or folders "
+                         "searched for both")
     ap.add_argument("--base", default="softmax")
     args = ap.parse_args(argv)
     rows: dict[str, dict] = {}
-    files = [f for p in map(pathlib.Path, args.paths)
-             for f in ([p] if p.is_file() else sorted(p.rglob("train_speed.json")))]
-    if not files:
-        sys.exit(f"error: no train_speed.json in {' '.join(args.paths)}")
+    paths = list(map(pathlib.Path, args.paths))
+    files = [f for p in paths
+             for f in ([p] if p.is_file() else sorted(p.rglob("train_speed.json")))
+             if f.suffix != ".txt"]
+    texts = {f.stem: f.read_text() for p in paths
+             for f in ([p] if p.is_file() else sorted(p.rglob("*.txt"))) if f.suffix == ".txt"}
+    found = step_ratios(texts, args.base)
+    if not files and not found:
+        sys.exit(f"error: no train_speed.json or round-robin output in {' '.join(args.paths)}")
     for f in files:
         rows.update(json.loads(f.read_text()))
     print(f"| row | mixer | x {args.base} per round | mean [95% interval] |\n|---|---|---|---|")
-    for (kind, mixer), xs in ratios(rows, args.base).items():
+    for (kind, mixer), xs in {**ratios(rows, args.base), **found}.items():
         iv = intervals.mean_interval(xs)
         span = f"[{iv.lo:.3f}, {iv.hi:.3f}]" if iv.decided else "(one round)"
         print(f"| {kind} | {mixer} | {', '.join(f'{x:.3f}' for x in xs)} | "

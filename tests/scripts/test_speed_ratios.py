@@ -34,3 +34,32 @@ def test_table_interval(tmp_path, capsys):
     half = 4.302653 * 0.05 / math.sqrt(3)
     assert f"0.850 [{0.85 - half:.3f}, {0.85 + half:.3f}]" in out
     assert "0.800, 0.850, 0.900" in out
+
+
+ROUND_ROBIN = """\
+rounds: 100%|##########| 10/10 [00:12<00:00,  1.22s/it]
+   13.3 wall ms/step (1.00x; range 13.2-13.4), compile 29.2 wall s  model.mixer=softmax data.files=/x/input.txt
+   16.1 wall ms/step (1.22x; range 16.1-16.4), compile 24.1 wall s  model.mixer=based data.files=/x/input.txt
+   11.1 wall ms/step (0.84x; range 11.1-11.2), compile 18.2 wall s  model.mixer=gated_deltanet model.softmax_every=8 data.files=/x/input.txt
+[rc 0 at 99 s]
+"""
+
+
+def test_round_robin_lines_name_variants_by_what_differs():
+    from scripts.speed_ratios import step_times
+    assert step_times(ROUND_ROBIN) == {"softmax": 13.3, "based": 16.1,
+                                       "gated_deltanet model.softmax_every=8": 11.1}
+
+
+def test_round_robin_files_are_rounds_of_one_row(tmp_path, capsys):
+    """Each file is one process: a variant's ratio is the base's ms over its own; files
+    timing the same variants (in any order) are rounds of one row."""
+    (tmp_path / "rr.txt").write_text(ROUND_ROBIN)
+    lines = ROUND_ROBIN.splitlines()
+    (tmp_path / "rr2.txt").write_text("\n".join([lines[2], lines[3],
+                                                 lines[1].replace("13.3", "14.0")]))
+    (tmp_path / "other.txt").write_text("no timings here\n")
+    main([str(tmp_path)])
+    out = capsys.readouterr().out
+    assert "| rr | based | 0.826, 0.870 |" in out
+    assert "| rr | gated_deltanet model.softmax_every=8 | 1.198, 1.261 |" in out

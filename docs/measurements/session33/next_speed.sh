@@ -16,7 +16,7 @@
 #   if the two rounds' rates of one mixer still differ by tens of percent, the machine
 #   moved, not the program.
 #   run: bash docs/measurements/session33/next_speed.sh   carry: .whl .jobs   (~560 s)
-#   then here: python scripts/speed_ratios.py <files_at>; round_robin.txt for step 1
+#   then here: python scripts/speed_ratios.py <files_at> (train.py rows and round-robin)
 set -u
 python3 -m pip install -q --no-index --no-deps --target /tmp/site .whl/ml_collections*.whl
 export PYTHONPATH=/tmp/site PYTHONUNBUFFERED=1 TF_CPP_MIN_LOG_LEVEL=2

@@ -11,7 +11,8 @@
 #   3. the same at T8192: softmax, gated_deltanet, based, hybrid (gated_deltanet >=
 #      1.25x, based >= 1.0x, hybrid within 5%).
 # Each variant's "compile" figure is its train step's lower + compile alone (not train.py's
-# first step, which also initialises). Ratios: ms a step, inverted for tokens/s.
+# first step, which also initialises). Ratios with intervals over calls:
+# python scripts/speed_ratios.py <files_at> [<earlier files_at> ...] (each txt a round).
 #   4. (PARTS=based) where Based's shake step goes: based against its two parts alone
 #      (taylor, sliding_window), softmax, and based with the window's banded form
 #      (window_impl=blocked) or the Taylor part in the pure-JAX chunk form (impl=chunk).
