@@ -86,11 +86,12 @@ def step_times(text: str) -> dict[str, float]:
     return out
 
 
-def step_ratios(texts: dict[str, str], base: str) -> dict[tuple[str, str], list[float]]:
+def step_ratios(texts: list[tuple[str, str]], base: str) -> dict[tuple[str, str], list[float]]:
     """{(row, variant): [base ms / variant ms, one per file]} of round-robin outputs
-    ({file name: text}); files without the base variant are left out."""
+    ([(file name, text)]: files of one name from several calls are several rounds);
+    files without the base variant are left out."""
     rows: dict[tuple[str, ...], tuple[str, list[dict[str, float]]]] = {}
-    for name, text in texts.items():
+    for name, text in texts:
         times = step_times(text)
         if base in times:
             key = tuple(sorted(times))
@@ -116,8 +117,8 @@ def main(argv=None):
     files = [f for p in paths
              for f in ([p] if p.is_file() else sorted(p.rglob("train_speed.json")))
              if f.suffix != ".txt"]
-    texts = {f.stem: f.read_text() for p in paths
-             for f in ([p] if p.is_file() else sorted(p.rglob("*.txt"))) if f.suffix == ".txt"}
+    texts = [(f.stem, f.read_text()) for p in paths
+             for f in ([p] if p.is_file() else sorted(p.rglob("*.txt"))) if f.suffix == ".txt"]
     found = step_ratios(texts, args.base)
     if not files and not found:
         sys.exit(f"error: no train_speed.json or round-robin output in {' '.join(args.paths)}")

@@ -59,7 +59,9 @@ def test_round_robin_files_are_rounds_of_one_row(tmp_path, capsys):
     (tmp_path / "rr2.txt").write_text("\n".join([lines[2], lines[3],
                                                  lines[1].replace("13.3", "14.0")]))
     (tmp_path / "other.txt").write_text("no timings here\n")
+    (tmp_path / "call2").mkdir()   # the same file name from another call: one more round
+    (tmp_path / "call2" / "rr.txt").write_text(ROUND_ROBIN.replace("16.1", "15.2"))
     main([str(tmp_path)])
     out = capsys.readouterr().out
-    assert "| rr | based | 0.826, 0.870 |" in out
-    assert "| rr | gated_deltanet model.softmax_every=8 | 1.198, 1.261 |" in out
+    assert "| rr | based | 0.875, 0.826, 0.870 |" in out
+    assert "| rr | gated_deltanet model.softmax_every=8 | 1.198, 1.198, 1.261 |" in out
