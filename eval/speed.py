@@ -51,8 +51,7 @@ def train_step_time(config, batch: int, seq_len: int, steps: int = 5) -> dict[st
     features), as step s of a training run does; call 0 is the warm-up."""
     config = at_shape(config, batch, seq_len)
     config_tools.check_config(config)
-    t = config.train
-    with jax.default_prng_impl(t.get("prng_impl", "threefry2x32")):
+    with jax.default_prng_impl(config_tools.prng_impl(config)):
         dataset = builders.build_dataset(config)
         run, params, opt_state, batch_sh = jitted_train_step(config, dataset)
         batches = [shd.global_batch(dataset.batch(s, batch), batch_sh)

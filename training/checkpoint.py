@@ -483,7 +483,7 @@ def load_for_eval(workdir: str | os.PathLike, step: int | str | None = None, *,
     # Only parameters are restored; the model's other draws (Performer's omega) are made
     # again from the run's seed, so through the PRNG the run was keyed with.
     with nnx.use_eager_sharding(False), \
-            jax.default_prng_impl(config.train.get("prng_impl", "threefry2x32")):
+            jax.default_prng_impl(config_tools.prng_impl(config)):
         model = builders.model_factory(model_cfg, config.train.seed)()
     params_state = nnx.state(model, nnx.Param)
     names = {model_state.path_name(p): p for p, _ in params_state.flat_state()}

@@ -175,6 +175,12 @@ def overrides_from_argv(argv: Iterable[str],
 PRNG_IMPLS = ("threefry2x32", "rbg", "unsafe_rbg")
 
 
+def prng_impl(config) -> str:
+    """The run's train.prng_impl (threefry2x32 where unset): the generator its init,
+    dropout and random features draw from, so whatever rebuilds its model uses it too."""
+    return config.train.get("prng_impl", PRNG_IMPLS[0])
+
+
 # Keys that must be > 0, and >= 0, with what a wrong value would do (the reason a run
 # refuses it rather than going on).
 _POSITIVE = {
@@ -337,7 +343,7 @@ def check_config(config) -> None:
     if t.get("precision") not in (None, *PRECISIONS):
         raise ConfigError(f"train.precision={t.precision!r}: use one of "
                           f"{', '.join(repr(p) for p in PRECISIONS)}")
-    if t.get("prng_impl", "threefry2x32") not in PRNG_IMPLS:
+    if prng_impl(config) not in PRNG_IMPLS:
         raise ConfigError(f"train.prng_impl={t.prng_impl!r}: use one of "
                           f"{', '.join(PRNG_IMPLS)}")
     if config.logging.wandb not in ("offline", "online", "disabled"):

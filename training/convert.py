@@ -303,7 +303,7 @@ def print_agreement(title: str, rows: list[dict]) -> None:
 def run(config, workdir: str) -> dict:
     """The whole conversion in `workdir` (resumable); returns the report."""
     check_convert(config)
-    with jax.default_prng_impl(config.train.get("prng_impl", "threefry2x32")):
+    with jax.default_prng_impl(config_tools.prng_impl(config)):
         try:
             return _run(config, pathlib.Path(workdir))
         except (checkpoint.CheckpointSaveFailed, workdir_lock.WorkdirLocked) as e:

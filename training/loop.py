@@ -67,7 +67,7 @@ def train(config, workdir: str) -> dict[str, Any]:
     `best_step`, the kept checkpoint with the lowest eval loss)."""
     config_tools.check_config(config)
     # Every key of the run (init, dropout) comes from this generator; scoped to the run.
-    with jax.default_prng_impl(config.train.get("prng_impl", "threefry2x32")):
+    with jax.default_prng_impl(config_tools.prng_impl(config)):
         try:
             return _train(config, workdir)
         except (checkpoint.CheckpointSaveFailed, workdir_lock.WorkdirLocked,

@@ -113,7 +113,7 @@ def train_population(config, workdir: str, lrs: Sequence[float], seeds: Sequence
         # right only when one process sees every device.
         raise config_tools.ConfigError("population training runs in one process; start "
                                        "one population per host instead")
-    with jax.default_prng_impl(config.train.get("prng_impl", "threefry2x32")):
+    with jax.default_prng_impl(config_tools.prng_impl(config)):
         try:
             return _train_population(config, pathlib.Path(workdir), members, stop_at,
                                      park)
