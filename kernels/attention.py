@@ -44,7 +44,7 @@ def _ungroup(o):
 
 
 def softmax_attention(q, k, v, *, segment_ids=None, causal=True, scale=None, window=None,
-                      impl="auto", dropout_rate=0.0, dropout_rng=None):
+                      impl="auto", dropout_rate=0.0, dropout_rng=None, mask_every_head=False):
     """Softmax attention with optional causal mask, sliding window and segments.
 
     window: token t sees s with t - window < s <= t (and s - window < t when not causal).
@@ -53,6 +53,11 @@ def softmax_attention(q, k, v, *, segment_ids=None, causal=True, scale=None, win
     dropout_rate, dropout_rng: dropout on the attention probabilities (training; nanoGPT's
     attn_dropout). Kept weights are scaled by 1 / (1 - rate). This takes the explicit
     path (scores materialised), since the fused kernels have no dropout.
+    mask_every_head: hand cuDNN the segment mask broadcast to every query head rather than
+    one shared head. Needed when the call is vmapped and differentiated
+    (training.population): cuDNN attention's batching rules (jax <= 0.11.2; jax PRs
+    34920, 36702) reshape a vmapped mask to (batch, heads, T, S), which fails for a shared
+    head. Costs a (B, H, T, S) bias in place of (B, 1, T, S).
     """
     _check_qkv(q, k, v, "softmax_attention")
     if impl not in SOFTMAX_IMPLS:
@@ -84,16 +89,22 @@ def softmax_attention(q, k, v, *, segment_ids=None, causal=True, scale=None, win
         return _attention_with_dropout(q, k, v, mask, causal, window, scale, dropout_rate,
                                        dropout_rng)
 
+    cudnn_kwargs = kwargs
+    if mask is not None and mask_every_head:
+        cudnn_kwargs = dict(kwargs, mask=jnp.broadcast_to(
+            mask, (mask.shape[0], q.shape[2]) + mask.shape[2:]))
     if impl == "auto":
         # cuDNN's flash kernel takes the segment mask as an additive bias (B, 1, T, S): the
         # same flops as causal attention, but no (B, H, T, S) scores kept for the backward.
         if _cudnn_applies(q):
             try:
-                return jax.nn.dot_product_attention(q, k, v, implementation="cudnn", **kwargs)
+                return jax.nn.dot_product_attention(q, k, v, implementation="cudnn",
+                                                    **cudnn_kwargs)
             except Exception:  # unsupported shape/version: the XLA path is always exact
                 pass
         impl = "xla"
-    return jax.nn.dot_product_attention(q, k, v, implementation=impl, **kwargs)
+    return jax.nn.dot_product_attention(q, k, v, implementation=impl,
+                                        **(cudnn_kwargs if impl == "cudnn" else kwargs))
 
 
 def _cudnn_applies(q) -> bool:
@@ -195,7 +206,8 @@ def _sliding_window_blocked(q, k, v, window, segment_ids, scale):
     return _ungroup(o).astype(q.dtype)
 
 
-def sliding_window_attention(q, k, v, *, window, segment_ids=None, scale=None, impl="auto"):
+def sliding_window_attention(q, k, v, *, window, segment_ids=None, scale=None, impl="auto",
+                             mask_every_head=False):
     """Causal softmax attention over the last `window` tokens: t sees t - window < s <= t.
 
     impl: "cudnn" (GPU, bf16/fp16, head dim a multiple of 8 up to 128: cuDNN's flash
@@ -203,6 +215,7 @@ def sliding_window_attention(q, k, v, *, window, segment_ids=None, scale=None, i
     T x T), "masked" (reference), "auto" (cudnn where it applies: as accurate as the
     banded form in bf16 and 2-4x faster (docs/benchmarks.md); else blocked when the
     sequence is longer than two windows, else masked).
+    mask_every_head: as softmax_attention's (the cuDNN path under vmap and grad).
     """
     _check_qkv(q, k, v, "sliding_window_attention")
     if q.shape[1] != k.shape[1]:
@@ -221,7 +234,8 @@ def sliding_window_attention(q, k, v, *, window, segment_ids=None, scale=None, i
     if impl == "cudnn" or (impl == "auto" and _cudnn_applies(q)):
         try:
             return softmax_attention(q, k, v, segment_ids=segment_ids, causal=True,
-                                     scale=scale, window=int(window), impl="cudnn")
+                                     scale=scale, window=int(window), impl="cudnn",
+                                     mask_every_head=mask_every_head)
         except Exception:  # auto, unsupported shape/version: the banded form is exact
             if impl == "cudnn":
                 raise

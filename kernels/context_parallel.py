@@ -377,11 +377,13 @@ def _gathered_attention(q, k, v, seg, *, causal, window, scale):
 
 
 def softmax_attention(q, k, v, *, segment_ids=None, causal=True, scale=None, window=None,
-                      impl="auto", dropout_rate=0.0, dropout_rng=None, mesh=None):
+                      impl="auto", dropout_rate=0.0, dropout_rng=None, mesh=None,
+                      mask_every_head=False):
     """kernels.ops.softmax_attention with the keys and values all-gathered along the
     `sequence` mesh axis and each device's queries local; dropout goes to kernels.ops."""
     kwargs = dict(segment_ids=segment_ids, causal=causal, scale=scale, window=window,
-                  impl=impl, dropout_rate=dropout_rate, dropout_rng=dropout_rng)
+                  impl=impl, dropout_rate=dropout_rate, dropout_rng=dropout_rng,
+                  mask_every_head=mask_every_head)
     mesh = _split_mesh(mesh, q.shape[1])
     if mesh is None or dropout_rate > 0.0 or k.shape[1] != q.shape[1]:
         return ops.softmax_attention(q, k, v, **kwargs)
@@ -395,7 +397,7 @@ def softmax_attention(q, k, v, *, segment_ids=None, causal=True, scale=None, win
 
 
 def sliding_window_attention(q, k, v, *, window, segment_ids=None, scale=None, impl="auto",
-                             mesh=None):
+                             mesh=None, mask_every_head=False):
     """kernels.ops.sliding_window_attention split along the `sequence` mesh axis: each
     device takes the previous one's last window - 1 keys and values (ppermute) and runs
     the unsplit kernel on [those, its own]; windows longer than a piece + 1 all-gather."""
@@ -403,7 +405,8 @@ def sliding_window_attention(q, k, v, *, window, segment_ids=None, scale=None, i
     mesh = _split_mesh(mesh, t)
     if mesh is None:
         return ops.sliding_window_attention(q, k, v, window=window, segment_ids=segment_ids,
-                                            scale=scale, impl=impl)
+                                            scale=scale, impl=impl,
+                                            mask_every_head=mask_every_head)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
     tl = t // mesh.shape[AXIS]
     w = int(window)
@@ -414,7 +417,8 @@ def sliding_window_attention(q, k, v, *, window, segment_ids=None, scale=None, i
             return _gathered_attention(q, k, v, seg, causal=True, window=w, scale=scale)
         if w == 1:
             return ops.sliding_window_attention(q, k, v, window=1, segment_ids=seg,
-                                                scale=scale, impl=impl)
+                                                scale=scale, impl=impl,
+                                                mask_every_head=mask_every_head)
         i, _ = _index_and_size()
         b = q.shape[0]
         if seg is None:
@@ -429,7 +433,8 @@ def sliding_window_attention(q, k, v, *, window, segment_ids=None, scale=None, i
         o = ops.sliding_window_attention(qx, jnp.concatenate([hk, k], 1),
                                          jnp.concatenate([hv, v], 1), window=w,
                                          segment_ids=jnp.concatenate([hs, seg], 1),
-                                         scale=scale, impl=impl)
+                                         scale=scale, impl=impl,
+                                         mask_every_head=mask_every_head)
         return o[:, w - 1:]
     return _shard_map(local, mesh, (seq, seq, seq, None if segment_ids is None else seq),
                       seq)(q, k, v, segment_ids)

@@ -84,6 +84,10 @@ class ModelConfig:
     # kernels.attention.sliding_window_attention's impl for sliding-window layers (and
     # based's window part): auto, cudnn, blocked or masked
     window_impl: str = _runtime("auto")
+    # Segment masks handed to cuDNN attention for every head rather than one shared head:
+    # set by training.population, whose vmapped and differentiated step cuDNN's batching
+    # rules (jax <= 0.11.2) cannot take with a shared head (kernels.attention).
+    mask_every_head: bool = _runtime(False)
     chunk_size: int = _runtime(64)
     # The delta rules' input path in training (conv + SiLU + q/k L2 norm + q scale):
     # "pallas": on a GPU with 16-bit compute, one Triton program forward and two backward

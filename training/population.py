@@ -26,6 +26,7 @@ WORKDIR/population.json so that a resume leaves it out.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import json
 import math
@@ -309,6 +310,8 @@ def _train_population(config, workdir: pathlib.Path, members: list[Member],
     for m in members:  # one data stream per seed, as each separate run builds it
         if m.seed not in datasets:
             datasets[m.seed], model_cfg = loop._dataset_and_model_config(m.config)
+    # The members' step is vmapped: cuDNN attention needs its segment masks per head there.
+    model_cfg = dataclasses.replace(model_cfg, mask_every_head=True)
     mesh = runtime.make_mesh(config)
     described = [runtime.describe_model(m.config, model_cfg, mesh) for m in members]
     models = [d[0] for d in described]

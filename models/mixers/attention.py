@@ -101,7 +101,7 @@ class SoftmaxAttention(_Attention):
         q, k, v = self._qkv(x, segment_positions(segment_ids, x.shape[1]))
         return self._out(context_parallel.softmax_attention(
             q, k, v, segment_ids=segment_ids, causal=True,
-            **self._dropout_args(deterministic)))
+            mask_every_head=self.cfg.mask_every_head, **self._dropout_args(deterministic)))
 
     def init_state(self, batch: int, max_len: int):
         return self._cache(batch, max_len)
@@ -158,7 +158,8 @@ class SlidingWindowAttention(_Attention):
         else:  # split along time under a `sequence` mesh (kernels.context_parallel)
             o = context_parallel.sliding_window_attention(q, k, v, window=self.window,
                                                           segment_ids=segment_ids,
-                                                          impl=self.cfg.window_impl)
+                                                          impl=self.cfg.window_impl,
+                                                          mask_every_head=self.cfg.mask_every_head)
         return self._out(o)
 
     def init_state(self, batch: int, max_len: int):

@@ -612,3 +612,42 @@ def test_attend_to_cache_matches_causal_attention_rows():
     assert_close(got, want, "ring buffer")
     # only two writes so far: two valid slots
     assert np.asarray(ops.ring_buffer_mask(jnp.full((B,), 2), w)).sum(-1).tolist() == [2, 2]
+
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_cudnn_attention_traces_vmapped_and_differentiated_with_every_head(monkeypatch,
+                                                                          window):
+    """A population's step (vmap of value_and_grad of a jitted loss) through cuDNN
+    attention with packed documents: traced on the CPU with cuDNN's platform checks off
+    (its kernels run only on a GPU), the step's jaxpr forms with mask_every_head=True;
+    with the shared-head mask cuDNN's batching rules (jax <= 0.11.2) fail."""
+    fused = pytest.importorskip("jax._src.cudnn.fused_attention_stablehlo")
+    from kernels import attention
+    monkeypatch.setattr(fused, "check_cudnn_version", lambda *a: None)
+    monkeypatch.setattr(fused, "check_compute_capability", lambda *a: None)
+    monkeypatch.setattr(attention, "_cudnn_applies", lambda q: True)
+    members, b, t, h, d = 3, 2, 16, 4, 16
+    q = jnp.ones((members, b, t, h, d), jnp.bfloat16)
+    seg = jnp.broadcast_to(jnp.arange(t) // 5, (members, b, t))
+
+    def step(every_head):
+        @jax.jit
+        def loss(q, seg):
+            if window is None:
+                o = attention.softmax_attention(q, q, q, segment_ids=seg, impl="cudnn",
+                                                mask_every_head=every_head)
+            else:
+                o = attention.sliding_window_attention(q, q, q, window=window,
+                                                       segment_ids=seg, impl="cudnn",
+                                                       mask_every_head=every_head)
+            return jnp.sum(o.astype(jnp.float32) ** 2)  # a cotangent per member
+        return jax.vmap(jax.value_and_grad(loss))
+
+    jaxpr = jax.make_jaxpr(step(True))(q, seg)
+    assert "dot_product_attention" in str(jaxpr)
+    try:
+        jax.make_jaxpr(step(False))(q, seg)
+    except TypeError as e:  # the batching rules' reshape of a shared-head mask
+        assert "reshape" in str(e)
+

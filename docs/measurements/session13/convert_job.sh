@@ -69,4 +69,6 @@ for p in "${pids[@]}"; do wait $p; echo "chain $p rc $? at $(( $(date +%s) - t0 
 kill $MERGER; merge
 shopt -s nullglob  # a part not run has no logs
 for f in $W/scratch_*.log $W/convert_*.log; do echo "== $f"; grep -v '^\$' $f | tail -4; done > $OUT/convert_log.txt
+# a failed chain's own log names the error (convert_compare's "failed (1); see ...")
+for f in $W/chain_*/log.txt; do echo "== $f"; tail -n 25 "$f"; done > $OUT/chain_logs.txt
 cat $OUT/convert_log.txt | cut -c1-300
