@@ -50,6 +50,7 @@ class Based(Mixer):
     """The sum of its two parts, in every method of the interface."""
 
     def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
+        self.cfg = cfg  # as every mixer's (training.convert_loss asks the mixer's config)
         self.linear = TaylorLinearAttention(cfg, rngs=rngs)
         self.window = SlidingWindowAttention(cfg, rngs=rngs)
 

@@ -172,6 +172,31 @@ def test_based_student_starts_as_the_teacher(family):
     assert trainable and all("/mixer/linear/" in n for n in trainable)
 
 
+@pytest.mark.parametrize("mixer", ["based", "hedgehog_window"])
+def test_agreement_of_a_student_that_is_its_teacher(mixer):
+    """The per-layer agreement the conversion reports (convert_loss.agreement, on a
+    packed batch): a student equal to its teacher while the window covers the input
+    (based, LoLCATs' layer) gives output cosine 1 and relative error 0 in every layer;
+    for LoLCATs' layer, whose weights exist, overlap 1 and KL 0. (A based student
+    stopped session 35's 57M conversion here: its mixer had no cfg.)"""
+    overrides = {"window": 32, "based_feature_dim": 8} if mixer == "based" else {"window": 64}
+    teacher, student, _, _, conv = _student("qwen2", mixer, overrides)
+    ids = np.load(FIXTURES / "qwen2" / "input_ids.npy")
+    seg = np.zeros_like(ids)
+    seg[:, ids.shape[1] // 2:] = 1  # two documents a row
+    batch = {"inputs": ids, "segment_ids": seg, "mask": np.ones_like(ids, bool)}
+    with jax.default_matmul_precision("highest"):
+        report = convert_loss.summarise(convert_loss.agreement(teacher, student, batch, conv),
+                                        conv)
+    assert [row["layer"] for row in report] == conv
+    for row in report:
+        assert row["out_rel_err"] < 1e-5 and abs(row["out_cos"] - 1) < 1e-6, row
+        if mixer == "hedgehog_window":
+            assert abs(row["attn_overlap"] - 1) < 1e-5 and abs(row["attn_kl"]) < 1e-5, row
+        else:  # Based's Taylor part has no normalised weights of its own
+            assert row["attn_overlap"] is None and row["attn_kl"] is None
+
+
 @pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
 def test_hedgehog_window_student_starts_as_the_teacher(family):
     """LoLCATs' layer with the teacher's q/k/v/o: while its window covers the input no
