@@ -18,7 +18,9 @@ checkpoint, split between the stages by --stage1_share (or --stage1_steps /
 of steps of the same batch (its schedule over those steps).
 
 Every run is a subprocess with its own workdir under OUT, so a killed comparison started
-again skips what finished and resumes what did not. --parts=scratch runs (3) alone and
+again skips what finished and resumes what did not. A run that fails is recorded as
+failed (its log's last lines on stderr) and the comparison goes on with the next run;
+the exit status is non-zero when any failed. --parts=scratch runs (3) alone and
 --parts=convert (1) and (2); with --teacher_dir (finished teachers) each part can run in
 a process of its own. Validation losses are each run's final eval (the same held-out
 tail, --eval_batches batches); the teacher's is its eval at the chosen step. `--extra`
@@ -38,12 +40,26 @@ sys.path.insert(0, str(ROOT))
 from eval import intervals  # noqa: E402  (the repository's modules, run as a script)
 
 
+class RunFailed(Exception):
+    """One run (teacher, conversion or from-scratch) exited non-zero."""
+
+
+# Lines of a failed run's log printed with its failure, so the error reaches a job's own
+# output (a GPU call returns that, not the run directories).
+FAILED_LOG_LINES = 20
+
+
 def _run(cmd: list[str], log: pathlib.Path) -> None:
     print("$ " + " ".join(cmd), flush=True)
+    start = log.stat().st_size if log.exists() else 0
     with open(log, "a") as f:
         rc = subprocess.call(cmd, cwd=ROOT, stdout=f, stderr=subprocess.STDOUT)
     if rc:
-        sys.exit(f"failed ({rc}); see {log}")
+        with open(log, "rb") as f:  # this run's output only: the log is shared
+            f.seek(start)
+            tail = f.read().decode(errors="replace").splitlines()[-FAILED_LOG_LINES:]
+        print("\n".join(tail), file=sys.stderr, flush=True)
+        raise RunFailed(f"failed ({rc}); see {log}")
 
 
 def _final_eval(workdir: pathlib.Path) -> float:
@@ -139,6 +155,14 @@ def main():
         print(json.dumps(row), flush=True)
         results.write_text(json.dumps(rows, indent=2) + "\n")
 
+    failures = []
+
+    def failed(error: RunFailed, **row):
+        """A failed run is recorded and the comparison goes on with the next run (a seed
+        whose teacher failed skips its conversions); the exit status reports it."""
+        failures.append(error)
+        record(**row, failed=str(error))
+
     parts = set(args.parts.split(","))
     if not parts or parts - {"convert", "scratch"}:
         sys.exit(f"--parts={args.parts!r}: name convert and/or scratch")
@@ -157,9 +181,13 @@ def main():
                 teacher = out / f"teacher_seed{seed}"
                 evals = ["--config.train.checkpoint_every=250", "--config.train.eval_every=250",
                          f"--config.train.early_stop_patience={TEACHER_PATIENCE}"]
-                _run([py, "train.py", f"--config={args.teacher_config}",
-                      f"--workdir={teacher}", f"--config.train.seed={seed}", *common,
-                      *evals, *args.extra], log)
+                try:
+                    _run([py, "train.py", f"--config={args.teacher_config}",
+                          f"--workdir={teacher}", f"--config.train.seed={seed}", *common,
+                          *evals, *args.extra], log)
+                except RunFailed as e:
+                    failed(e, seed=seed, run="softmax teacher", mixer="softmax")
+                    continue
             at = _teacher_step(teacher, args.teacher_step)
         if fixed:
             stage1, stage2 = args.stage1_steps, args.stage2_steps
@@ -172,33 +200,50 @@ def main():
         for mixer in args.mixers.split(","):
             if "convert" in parts:
                 conv = out / f"convert_{mixer}_seed{seed}"
-                _run([py, "-m", "training.convert", f"--config=configs/convert_{mixer}.py",
-                      f"--workdir={conv}", f"--config.convert.teacher={teacher}",
-                      f"--config.train.seed={seed}",
-                      f"--config.convert.teacher_step={args.teacher_step}",
-                      f"--config.convert.stage1_steps={stage1}",
-                      f"--config.convert.stage2_steps={stage2}",
-                      f"--config.train.eval_batches={args.eval_batches}",
-                      "--config.logging.progress=False", "--config.logging.wandb=disabled",
-                      *args.convert_extra], log)
-                report = json.loads((conv / "report.json").read_text())
-                for stage in ("stage1_eval", "stage2_eval"):
-                    if stage in report:
-                        record(seed=seed, run=f"converted (after {stage[:6]})", steps=steps,
-                               mixer=mixer, eval_loss=report[stage]["eval_loss"],
-                               agreement=report.get("agreement_" + stage[:6]))
+                try:
+                    _run([py, "-m", "training.convert", f"--config=configs/convert_{mixer}.py",
+                          f"--workdir={conv}", f"--config.convert.teacher={teacher}",
+                          f"--config.train.seed={seed}",
+                          f"--config.convert.teacher_step={args.teacher_step}",
+                          f"--config.convert.stage1_steps={stage1}",
+                          f"--config.convert.stage2_steps={stage2}",
+                          f"--config.train.eval_batches={args.eval_batches}",
+                          "--config.logging.progress=False",
+                          "--config.logging.wandb=disabled", *args.convert_extra], log)
+                except RunFailed as e:
+                    failed(e, seed=seed, run="converted", steps=steps, mixer=mixer)
+                else:
+                    report = json.loads((conv / "report.json").read_text())
+                    for stage in ("stage1_eval", "stage2_eval"):
+                        if stage in report:
+                            record(seed=seed, run=f"converted (after {stage[:6]})",
+                                   steps=steps, mixer=mixer,
+                                   eval_loss=report[stage]["eval_loss"],
+                                   agreement=report.get("agreement_" + stage[:6]))
             if "scratch" in parts:
                 scratch = out / f"scratch_{mixer}_seed{seed}"
-                _run([py, "train.py", f"--config={args.teacher_config}",
-                      f"--workdir={scratch}", f"--config.train.seed={seed}",
-                      f"--config.model.mixer={mixer}", f"--config.train.steps={steps}",
-                      f"--config.train.warmup_steps={args.scratch_warmup}",
-                      *common, *args.scratch_extra], log)
-                record(seed=seed, run="scratch (same tokens)", steps=steps, mixer=mixer,
-                       eval_loss=_final_eval(scratch))
+                try:
+                    _run([py, "train.py", f"--config={args.teacher_config}",
+                          f"--workdir={scratch}", f"--config.train.seed={seed}",
+                          f"--config.model.mixer={mixer}", f"--config.train.steps={steps}",
+                          f"--config.train.warmup_steps={args.scratch_warmup}",
+                          *common, *args.scratch_extra], log)
+                except RunFailed as e:
+                    failed(e, seed=seed, run="scratch (same tokens)", steps=steps,
+                           mixer=mixer)
+                else:
+                    record(seed=seed, run="scratch (same tokens)", steps=steps, mixer=mixer,
+                           eval_loss=_final_eval(scratch))
     groups: dict = {}
     for r in rows:
-        groups.setdefault((r["mixer"], r["run"]), []).append(r["eval_loss"])
+        if "eval_loss" in r:
+            groups.setdefault((r["mixer"], r["run"]), []).append(r["eval_loss"])
+    _print_table(groups)
+    if failures:
+        sys.exit(f"{len(failures)} run(s) failed: " + "; ".join(map(str, failures)))
+
+
+def _print_table(groups: dict) -> None:
     if ("softmax", "softmax teacher") not in groups:
         return
     teacher = statistics.mean(groups[("softmax", "softmax teacher")])

@@ -1,6 +1,12 @@
 """scripts/convert_compare's token budget: a conversion and its from-scratch run get at
 most token_fraction of the tokens the teacher had seen at the converted checkpoint (the
-same batch, so steps), split between the two stages."""
+same batch, so steps), split between the two stages; a failed run does not stop the
+comparison."""
+import json
+import pathlib
+import subprocess
+import sys
+
 import pytest
 
 from scripts.convert_compare import stage_steps
@@ -31,3 +37,41 @@ def test_table_interval_is_the_t_interval_at_any_count():
     from scripts.convert_compare import _interval
     assert _interval([1.0, 1.1, 1.2, 1.3, 1.4, 1.5]) == "1.2500 +- 0.1963"
     assert _interval([1.4697]) == "1.4697"  # one value: no interval
+
+
+def test_a_failed_run_is_recorded_and_the_comparison_goes_on(tmp_path, monkeypatch, capsys):
+    """One mixer's runs fail: the other mixer's runs of every seed still run and are
+    recorded, the failures are recorded as such (no eval loss), the failed run's own log
+    lines reach stderr, and the exit status says how many failed."""
+    from scripts import convert_compare
+
+    log_lines = {"based": "Traceback ...\nAttributeError: 'Based' object has no attribute"}
+
+    def fake_call(cmd, cwd, stdout, stderr):
+        workdir = next(a.split("=", 1)[1] for a in cmd if a.startswith("--workdir="))
+        mixer = next(a.split("=", 1)[1] for a in cmd if a.startswith("--config.model.mixer="))
+        stdout.write(f"earlier output of {mixer}\n")
+        if mixer in log_lines:
+            stdout.write(log_lines[mixer] + "\n")
+            return 1
+        pathlib.Path(workdir).mkdir(parents=True)
+        (pathlib.Path(workdir) / "metrics.jsonl").write_text(
+            json.dumps({"step": 2, "eval_loss": 1.5}) + "\n")
+        return 0
+
+    monkeypatch.setattr(subprocess, "call", fake_call)
+    monkeypatch.setattr(sys, "argv", [
+        "convert_compare.py", f"--out={tmp_path}", "--data=unused.txt", "--seeds=0,1",
+        "--mixers=based,gated_deltanet", "--parts=scratch", "--stage1_steps=1",
+        "--stage2_steps=1"])
+    with pytest.raises(SystemExit) as exit_info:
+        convert_compare.main()
+    assert "2 run(s) failed" in str(exit_info.value)
+    rows = json.loads((tmp_path / "results.json").read_text())
+    done = [(r["seed"], r["mixer"]) for r in rows if "eval_loss" in r]
+    failed = [(r["seed"], r["mixer"]) for r in rows if "failed" in r]
+    assert done == [(0, "gated_deltanet"), (1, "gated_deltanet")]
+    assert failed == [(0, "based"), (1, "based")]
+    err = capsys.readouterr().err
+    assert "AttributeError: 'Based' object has no attribute" in err
+    assert "earlier output of gated_deltanet" not in err  # only the failed run's lines
