@@ -157,11 +157,17 @@ def main():
 
     failures = []
 
-    def failed(error: RunFailed, **row):
-        """A failed run is recorded and the comparison goes on with the next run (a seed
-        whose teacher failed skips its conversions); the exit status reports it."""
-        failures.append(error)
-        record(**row, failed=str(error))
+    def ran(cmd: list[str], **row) -> bool:
+        """Runs cmd; if it fails, records row as failed and returns False, so the
+        comparison goes on with the next run (a seed whose teacher failed skips its
+        conversions); the exit status reports it."""
+        try:
+            _run(cmd, log)
+        except RunFailed as e:
+            failures.append(e)
+            record(**row, failed=str(e))
+            return False
+        return True
 
     parts = set(args.parts.split(","))
     if not parts or parts - {"convert", "scratch"}:
@@ -181,12 +187,10 @@ def main():
                 teacher = out / f"teacher_seed{seed}"
                 evals = ["--config.train.checkpoint_every=250", "--config.train.eval_every=250",
                          f"--config.train.early_stop_patience={TEACHER_PATIENCE}"]
-                try:
-                    _run([py, "train.py", f"--config={args.teacher_config}",
-                          f"--workdir={teacher}", f"--config.train.seed={seed}", *common,
-                          *evals, *args.extra], log)
-                except RunFailed as e:
-                    failed(e, seed=seed, run="softmax teacher", mixer="softmax")
+                if not ran([py, "train.py", f"--config={args.teacher_config}",
+                            f"--workdir={teacher}", f"--config.train.seed={seed}", *common,
+                            *evals, *args.extra], seed=seed, run="softmax teacher",
+                           mixer="softmax"):
                     continue
             at = _teacher_step(teacher, args.teacher_step)
         if fixed:
@@ -200,19 +204,16 @@ def main():
         for mixer in args.mixers.split(","):
             if "convert" in parts:
                 conv = out / f"convert_{mixer}_seed{seed}"
-                try:
-                    _run([py, "-m", "training.convert", f"--config=configs/convert_{mixer}.py",
-                          f"--workdir={conv}", f"--config.convert.teacher={teacher}",
-                          f"--config.train.seed={seed}",
-                          f"--config.convert.teacher_step={args.teacher_step}",
-                          f"--config.convert.stage1_steps={stage1}",
-                          f"--config.convert.stage2_steps={stage2}",
-                          f"--config.train.eval_batches={args.eval_batches}",
-                          "--config.logging.progress=False",
-                          "--config.logging.wandb=disabled", *args.convert_extra], log)
-                except RunFailed as e:
-                    failed(e, seed=seed, run="converted", steps=steps, mixer=mixer)
-                else:
+                if ran([py, "-m", "training.convert", f"--config=configs/convert_{mixer}.py",
+                        f"--workdir={conv}", f"--config.convert.teacher={teacher}",
+                        f"--config.train.seed={seed}",
+                        f"--config.convert.teacher_step={args.teacher_step}",
+                        f"--config.convert.stage1_steps={stage1}",
+                        f"--config.convert.stage2_steps={stage2}",
+                        f"--config.train.eval_batches={args.eval_batches}",
+                        "--config.logging.progress=False", "--config.logging.wandb=disabled",
+                        *args.convert_extra], seed=seed, run="converted", steps=steps,
+                       mixer=mixer):
                     report = json.loads((conv / "report.json").read_text())
                     for stage in ("stage1_eval", "stage2_eval"):
                         if stage in report:
@@ -222,16 +223,12 @@ def main():
                                    agreement=report.get("agreement_" + stage[:6]))
             if "scratch" in parts:
                 scratch = out / f"scratch_{mixer}_seed{seed}"
-                try:
-                    _run([py, "train.py", f"--config={args.teacher_config}",
-                          f"--workdir={scratch}", f"--config.train.seed={seed}",
-                          f"--config.model.mixer={mixer}", f"--config.train.steps={steps}",
-                          f"--config.train.warmup_steps={args.scratch_warmup}",
-                          *common, *args.scratch_extra], log)
-                except RunFailed as e:
-                    failed(e, seed=seed, run="scratch (same tokens)", steps=steps,
-                           mixer=mixer)
-                else:
+                if ran([py, "train.py", f"--config={args.teacher_config}",
+                        f"--workdir={scratch}", f"--config.train.seed={seed}",
+                        f"--config.model.mixer={mixer}", f"--config.train.steps={steps}",
+                        f"--config.train.warmup_steps={args.scratch_warmup}",
+                        *common, *args.scratch_extra], seed=seed, run="scratch (same tokens)",
+                       steps=steps, mixer=mixer):
                     record(seed=seed, run="scratch (same tokens)", steps=steps, mixer=mixer,
                            eval_loss=_final_eval(scratch))
     groups: dict = {}
