@@ -102,7 +102,9 @@ def layer_loss(kind: str, tmixer, smixer, h, segment_ids, batch):
     _, a_t = teacher_attention(tmixer, h, segment_ids)
     a_t = jax.lax.stop_gradient(a_t)
     a_s = student_attention(smixer, h, segment_ids)
-    ce = -jnp.sum(a_t * jnp.log(a_s + _LOG_EPS), axis=-1, keepdims=True)  # (B, H, T, 1)
+    # LoLCATs' clamp: a weight below eps counts as eps and passes no gradient (rather
+    # than a_t / eps = 1e12 into the normaliser's gradient).
+    ce = -jnp.sum(a_t * jnp.log(jnp.maximum(a_s, _LOG_EPS)), axis=-1, keepdims=True)
     qm = _query_mask(batch, a_t.shape)
     return jnp.sum(ce * qm) / jnp.maximum(jnp.sum(qm), 1.0)
 

@@ -23,6 +23,11 @@ from models.config import ModelConfig
 from models.layers import ShortConv, dense, dtypes, rotary, segment_positions
 from models.mixers.recurrent import RecurrentMixer
 
+# Added to the row sums of attention_weights (LoLCATs' quadratic_attention: 1e-12). Its
+# square is a normal float32, so the division's gradient -x / y^2 stays finite on a row
+# whose features share no support (sum 0); 1e-30 squared underflows to 0 (0 / 0 = NaN).
+WEIGHTS_EPS = 1e-12
+
 
 class FeatureMapAttention(RecurrentMixer):
     """normalize=True divides by phi(q) . sum phi(k) (Katharopoulos et al. 2020).
@@ -165,7 +170,7 @@ class FeatureMapAttention(RecurrentMixer):
         if log_decay is not None:
             scores = scores * masked_exp(visible, segsum(jnp.moveaxis(log_decay, 1, 2)))
         scores = jnp.where(visible, scores, 0.0)
-        return scores / (jnp.sum(scores, axis=-1, keepdims=True) + 1e-30)
+        return scores / (jnp.sum(scores, axis=-1, keepdims=True) + WEIGHTS_EPS)
 
     def _output(self, o, x, inputs):
         b, t = o.shape[:2]

@@ -317,3 +317,27 @@ def test_bad_settings_are_named(tmp_path):
         convert_init.student_config(tcfg, "hedgehog", "all", {"d_model": 64})
     with pytest.raises(ValueError, match="wider than the teacher's head_dim"):
         _student("qwen2", "taylor", {"based_feature_dim": 16})
+
+
+@pytest.mark.parametrize("mixer,overrides", [("hedgehog", {"feature_rope": True}),
+                                             ("performer", {}), ("hedgehog_window",
+                                                                 {"window": 4})])
+def test_attention_ce_gradients_stay_finite_when_features_saturate(mixer, overrides):
+    """Stage 1 of hedgehog at the 57M teacher stopped non-finite (sessions 35-36): sharp
+    feature maps leave rows whose query and key features share no support, and the
+    weights' normaliser (eps 1e-30, whose square underflows) gave 0 / 0 in the gradient.
+    Feature maps and q/k projections scaled x30 saturate them; the loss must stay a
+    cross-entropy (finite, >= 0) with finite gradients."""
+    teacher, student, *_ = _student("llama", mixer, overrides)
+    ids = np.load(FIXTURES / "llama" / "input_ids.npy")
+    (_, h, tm, sm), = convert_loss.converted_layers(teacher, student, ids, None, [0])
+    graph, params, rest = nnx.split(sm, nnx.Param, ...)
+    sharpened = jax.tree_util.tree_map_with_path(
+        lambda path, x: x * 30.0 if any(n in jax.tree_util.keystr(path) for n in
+                                        ("feature_map", "q_proj", "k_proj")) else x, params)
+    batch = {"mask": np.ones_like(ids, bool)}
+    loss, grads = jax.value_and_grad(lambda p: convert_loss.layer_loss(
+        "attention_ce", tm, nnx.merge(graph, p, rest), h, None, batch))(sharpened)
+    assert np.isfinite(float(loss)) and float(loss) >= 0
+    for name, g in jax.tree_util.tree_leaves_with_path(grads):
+        assert np.all(np.isfinite(np.asarray(g))), jax.tree_util.keystr(name)
