@@ -44,7 +44,8 @@ def _ungroup(o):
 
 
 def softmax_attention(q, k, v, *, segment_ids=None, causal=True, scale=None, window=None,
-                      impl="auto", dropout_rate=0.0, dropout_rng=None, mask_every_head=False):
+                      impl="auto", dropout_rate=0.0, dropout_rng=None, mask_every_head=False,
+                      max_segments=0):
     """Softmax attention with optional causal mask, sliding window and segments.
 
     window: token t sees s with t - window < s <= t (and s - window < t when not causal).
@@ -58,6 +59,13 @@ def softmax_attention(q, k, v, *, segment_ids=None, causal=True, scale=None, win
     (training.population): cuDNN attention's batching rules (jax <= 0.11.2; jax PRs
     34920, 36702) reshape a vmapped mask to (batch, heads, T, S), which fails for a shared
     head. Costs a (B, H, T, S) bias in place of (B, 1, T, S).
+    max_segments: > 0 lets cuDNN take packed documents in its packed-sequence layout
+    (each run of equal segment ids its own sequence, as the linear kernels' documents),
+    where rows hold at most this many runs: it then computes only the attention within
+    each document, where the mask path computes the whole causal T x T and masks it. A
+    batch with a longer row takes the mask path (both are compiled; lax.cond picks).
+    Causal, no window, as many key heads as query heads, no dropout, not with
+    mask_every_head (its vmapped form is unchecked); otherwise the mask path.
     """
     _check_qkv(q, k, v, "softmax_attention")
     if impl not in SOFTMAX_IMPLS:
@@ -93,6 +101,10 @@ def softmax_attention(q, k, v, *, segment_ids=None, causal=True, scale=None, win
     if mask is not None and mask_every_head:
         cudnn_kwargs = dict(kwargs, mask=jnp.broadcast_to(
             mask, (mask.shape[0], q.shape[2]) + mask.shape[2:]))
+    if (max_segments > 0 and mask is not None and causal and window is None
+            and k.shape[2] == q.shape[2] and not mask_every_head
+            and (impl == "cudnn" or (impl == "auto" and _cudnn_applies(q)))):
+        return _packed_or_masked(q, k, v, seg, scale, int(max_segments), cudnn_kwargs)
     if impl == "auto":
         # cuDNN's flash kernel takes the segment mask as an additive bias (B, 1, T, S): the
         # same flops as causal attention, but no (B, H, T, S) scores kept for the backward.
@@ -105,6 +117,51 @@ def softmax_attention(q, k, v, *, segment_ids=None, causal=True, scale=None, win
         impl = "xla"
     return jax.nn.dot_product_attention(q, k, v, implementation=impl,
                                         **(cudnn_kwargs if impl == "cudnn" else kwargs))
+
+
+def packed_layout(segment_ids, max_segments: int):
+    """cuDNN's packed-sequence layout of each row's runs of equal segment ids (B, T):
+    (lengths (B, M) int32, offsets (B, M + 1) int32, runs per row (B,)), M = max_segments;
+    a run's offset is its first position in its row; entries past a row's last run are
+    -1 (jax's fused_attention_stablehlo.dot_product_attention takes them so). Rows with
+    more than M runs are described only up to their M-th run (the caller checks)."""
+    seg = jnp.asarray(segment_ids)
+    b, t = seg.shape
+    starts = jnp.concatenate([jnp.ones((b, 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)
+    runs = jnp.sum(starts, axis=1, dtype=jnp.int32)
+    first = jnp.sort(jnp.where(starts, jnp.arange(t, dtype=jnp.int32), t), axis=1)
+    if first.shape[1] < max_segments + 1:  # "no run" is position t
+        first = jnp.pad(first, ((0, 0), (0, max_segments + 1 - t)), constant_values=t)
+    first = first[:, :max_segments + 1]
+    present = first[:, :max_segments] < t
+    lengths = jnp.where(present, first[:, 1:] - first[:, :max_segments], -1)
+    offsets = jnp.concatenate([jnp.where(present, first[:, :max_segments], -1),
+                               jnp.full((b, 1), -1, jnp.int32)], axis=1)
+    return lengths, offsets, runs
+
+
+def _packed_or_masked(q, k, v, segment_ids, scale, max_segments, cudnn_kwargs):
+    """Causal attention within each run of segment ids: cuDNN's packed layout where every
+    row has at most max_segments runs, else cuDNN with the mask (see softmax_attention)."""
+    try:
+        from jax._src.cudnn import fused_attention_stablehlo as fused
+    except ImportError:  # a jax without it: the mask path is always exact
+        return jax.nn.dot_product_attention(q, k, v, implementation="cudnn", **cudnn_kwargs)
+    lengths, offsets, runs = packed_layout(segment_ids, max_segments)
+    scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
+
+    def packed(q, k, v):
+        return fused.dot_product_attention(
+            q, k, v, q_seqlen=lengths, kv_seqlen=lengths, q_offsets=offsets,
+            kv_offsets=offsets, scale=scale, mask_type=fused.MaskType.PADDING_CAUSAL,
+            qkv_layout="BTNH")
+
+    def masked(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, implementation="cudnn", **cudnn_kwargs)
+    try:
+        return jax.lax.cond(jnp.all(runs <= max_segments), packed, masked, q, k, v)
+    except NotImplementedError:  # e.g. a GPU before Hopper: cuDNN packs only on sm90+
+        return masked(q, k, v)
 
 
 def _cudnn_applies(q) -> bool:

@@ -378,12 +378,13 @@ def _gathered_attention(q, k, v, seg, *, causal, window, scale):
 
 def softmax_attention(q, k, v, *, segment_ids=None, causal=True, scale=None, window=None,
                       impl="auto", dropout_rate=0.0, dropout_rng=None, mesh=None,
-                      mask_every_head=False):
+                      mask_every_head=False, max_segments=0):
     """kernels.ops.softmax_attention with the keys and values all-gathered along the
-    `sequence` mesh axis and each device's queries local; dropout goes to kernels.ops."""
+    `sequence` mesh axis and each device's queries local; dropout goes to kernels.ops
+    (max_segments too: the split form masks)."""
     kwargs = dict(segment_ids=segment_ids, causal=causal, scale=scale, window=window,
                   impl=impl, dropout_rate=dropout_rate, dropout_rng=dropout_rng,
-                  mask_every_head=mask_every_head)
+                  mask_every_head=mask_every_head, max_segments=max_segments)
     mesh = _split_mesh(mesh, q.shape[1])
     if mesh is None or dropout_rate > 0.0 or k.shape[1] != q.shape[1]:
         return ops.softmax_attention(q, k, v, **kwargs)

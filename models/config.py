@@ -88,6 +88,11 @@ class ModelConfig:
     # set by training.population, whose vmapped and differentiated step cuDNN's batching
     # rules (jax <= 0.11.2) cannot take with a shared head (kernels.attention).
     mask_every_head: bool = _runtime(False)
+    # Softmax layers over packed documents: > 0 hands cuDNN each row's documents in its
+    # packed-sequence layout (rows of at most this many documents; a batch with a longer
+    # row takes the mask path), so it computes attention only within documents, where the
+    # mask path computes the whole causal T x T. 0: the mask path (kernels.attention).
+    attention_max_segments: int = _runtime(0)
     chunk_size: int = _runtime(64)
     # The delta rules' input path in training (conv + SiLU + q/k L2 norm + q scale):
     # "pallas": on a GPU with 16-bit compute, one Triton program forward and two backward

@@ -101,7 +101,9 @@ class SoftmaxAttention(_Attention):
         q, k, v = self._qkv(x, segment_positions(segment_ids, x.shape[1]))
         return self._out(context_parallel.softmax_attention(
             q, k, v, segment_ids=segment_ids, causal=True,
-            mask_every_head=self.cfg.mask_every_head, **self._dropout_args(deterministic)))
+            mask_every_head=self.cfg.mask_every_head,
+            max_segments=self.cfg.attention_max_segments,
+            **self._dropout_args(deterministic)))
 
     def init_state(self, batch: int, max_len: int):
         return self._cache(batch, max_len)

@@ -651,3 +651,87 @@ def test_cudnn_attention_traces_vmapped_and_differentiated_with_every_head(monke
     except TypeError as e:  # the batching rules' reshape of a shared-head mask
         assert "reshape" in str(e)
 
+
+
+def _runs_numpy(row):
+    """(starts, lengths) of the runs of equal ids in one row, by a Python loop."""
+    starts = [0] + [i for i in range(1, len(row)) if row[i] != row[i - 1]]
+    return starts, [e - s for s, e in zip(starts, starts[1:] + [len(row)])]
+
+
+@pytest.mark.parametrize("max_segments", [1, 3, 6, 40])
+def test_packed_layout_lists_each_rows_runs(max_segments):
+    """kernels.attention.packed_layout against a Python loop over random rows (runs of
+    1-9 tokens, an id that comes back after another run is a new run): each row's first
+    max_segments runs' offsets and lengths, -1 after its last, and its count of runs."""
+    from kernels.attention import packed_layout
+    rng = np.random.default_rng(max_segments)
+    rows = []
+    for _ in range(5):
+        ids = np.repeat(rng.integers(0, 3, 30), rng.integers(1, 10, 30))[:33]
+        rows.append(np.pad(ids, (0, 33 - len(ids)), mode="edge"))
+    seg = np.stack(rows)
+    lengths, offsets, runs = (np.asarray(x) for x in packed_layout(seg, max_segments))
+    assert lengths.shape == (5, max_segments) and offsets.shape == (5, max_segments + 1)
+    for row, n, ln, off in zip(seg, runs, lengths, offsets):
+        starts, lens = _runs_numpy(list(row))
+        assert n == len(starts)
+        kept = min(len(starts), max_segments)
+        assert off[:kept].tolist() == starts[:kept] and (off[kept:] == -1).all()
+        if len(starts) <= max_segments:  # a row that fits is described whole
+            assert ln[:kept].tolist() == lens and (ln[kept:] == -1).all()
+
+
+def test_packed_layout_is_the_attention_of_the_mask():
+    """Causal attention inside each (offset, length) of packed_layout, computed sequence by
+    sequence in float64, equals the masked reference (tokens see earlier tokens of their
+    own segment id) on rows whose ids do not repeat: the layout handed to cuDNN describes
+    the attention the mask path computes."""
+    from kernels.attention import packed_layout
+    rng = np.random.default_rng(0)
+    b, t, h, d = 2, 24, 2, 4
+    q, k, v = (rng.standard_normal((b, t, h, d)) for _ in range(3))
+    seg = np.stack([np.repeat(np.arange(5), [3, 7, 1, 9, 4]),
+                    np.repeat(np.arange(2), [20, 4])])
+    lengths, offsets, _ = (np.asarray(x) for x in packed_layout(seg, 8))
+    got = np.zeros((b, t, h, d))
+    for bi in range(b):
+        for start, n in zip(offsets[bi], lengths[bi]):
+            if n < 0:
+                break
+            sl = slice(start, start + n)
+            got[bi:bi + 1, sl] = ref.softmax_attention(q[bi:bi + 1, sl], k[bi:bi + 1, sl],
+                                                       v[bi:bi + 1, sl])
+    want = ref.softmax_attention(q, k, v, segment_ids=seg)
+    np.testing.assert_allclose(got, want, rtol=1e-12, atol=1e-12)
+
+
+def test_packed_cudnn_attention_traces_with_its_mask_fallback(monkeypatch):
+    """max_segments > 0 on the cuDNN path: value_and_grad of a jitted loss traces (cuDNN's
+    platform checks off, its kernels run only on a GPU) with jax's packed-sequence call
+    (check_layout accepts the (B, M) lengths and (B, M + 1) offsets) and the mask path
+    beside it under one lax.cond; grouped-query heads and max_segments 0 keep the mask
+    path alone. The GPU check of its values: docs/measurements/session36/packed_check.py."""
+    fused = pytest.importorskip("jax._src.cudnn.fused_attention_stablehlo")
+    from kernels import attention
+    monkeypatch.setattr(fused, "check_cudnn_version", lambda *a: None)
+    monkeypatch.setattr(fused, "check_compute_capability", lambda *a: True)  # Hopper
+    monkeypatch.setattr(attention, "_cudnn_applies", lambda q: True)
+    b, t, h, d = 2, 32, 4, 16
+    q = jnp.ones((b, t, h, d), jnp.bfloat16)
+    seg = jnp.broadcast_to(jnp.arange(t) // 5, (b, t))
+
+    def jaxpr(kv_heads, max_segments):
+        kv = q[:, :, :kv_heads]
+
+        @jax.jit
+        def loss(q, kv):
+            o = attention.softmax_attention(q, kv, kv, segment_ids=seg, impl="auto",
+                                            max_segments=max_segments)
+            return jnp.sum(o.astype(jnp.float32) ** 2)
+        return str(jax.make_jaxpr(jax.value_and_grad(loss, argnums=(0, 1)))(q, kv))
+
+    packed = jaxpr(h, 8)
+    assert "cond" in packed and "dot_product_attention" in packed
+    for other in (jaxpr(h, 0), jaxpr(2, 8)):
+        assert "cond" not in other and "dot_product_attention" in other

@@ -68,11 +68,13 @@ def test_runtime_keys_are_marked_on_the_fields():
     # performer_redraw_every: how often the random features are redrawn, not a weight;
     # window_impl / conv_impl: which kernel computes the sliding window / the delta
     # rules' conv path (the same function); hedgehog_distill: a training loss's weight,
-    # like dropout; mask_every_head: the form of the segment mask handed to cuDNN.
+    # like dropout; mask_every_head, attention_max_segments: the form in which packed
+    # documents reach cuDNN (a mask, or its packed-sequence layout).
     assert ModelConfig.runtime_keys() == {"dtype", "remat", "remat_policy", "impl",
                                           "chunk_size", "max_len", "dropout", "scan_layers",
                                           "performer_redraw_every", "window_impl",
-                                          "conv_impl", "hedgehog_distill", "mask_every_head"}
+                                          "conv_impl", "hedgehog_distill", "mask_every_head",
+                                          "attention_max_segments"}
 
 
 def test_base_config_model_section_is_model_config_defaults():

@@ -20,6 +20,7 @@
 #      gated_deltanet at 8 layers (GDN <= 20 s and <= 1.3x softmax), gated_deltanet at 8
 #      and 24 layers scanned (24 <= 1.2x 8), d1024 T2048; the figure is the train step's
 #      lower + compile (train.py's first step adds init and the first batch).
+#   6. (PARTS=packed) and 7. (PARTS=document): below.
 #   run: bash docs/measurements/session34/next_issue16.sh   carry: .whl .jobs  (~540 s)
 #        PARTS="based compile" bash docs/measurements/session34/next_issue16.sh   (~400 s)
 #   CPU check of the mechanics: SMALL=1 [PARTS=...] bash docs/measurements/session34/next_issue16.sh
@@ -68,4 +69,25 @@ has compile && part 200 python scripts/cpu_step_work.py --wall --config configs/
   --variant "model.mixer=gated_deltanet $(big $T2)" --variant "$SCAN $(big $T2)" \
   --variant "$SCAN $(big $T2) model.num_layers=24" 2>&1 | grep -v "rounds:" \
   | tee "$OUT/compile.txt"
+# 6. (PARTS=packed, session 36) softmax layers with cuDNN's packed-sequence layout
+#    (model.attention_max_segments; tiny-Shakespeare's paragraphs are 14 / 53 documents a
+#    row at T 2,048 / 8,192, so the mask path computes 5x / 19x the attention it keeps),
+#    beside the mask path, gated_deltanet and the hybrid, one process per length.
+PK="model.attention_max_segments"
+has packed && part 170 python scripts/cpu_step_work.py --wall --config configs/lm_files.py $STEPS \
+  --variant "model.mixer=softmax $(big $T2)" --variant "model.mixer=softmax $PK=64 $(big $T2)" \
+  --variant "model.mixer=gated_deltanet $(big $T2)" --variant "$HYBRID $PK=64 $(big $T2)" 2>&1 \
+  | grep -v "rounds:" | tee "$OUT/packed_T2048.txt"
+has packed && part 220 python scripts/cpu_step_work.py --wall --config configs/lm_files.py $STEPS_T8192 \
+  --variant "model.mixer=softmax $(big $T8)" --variant "model.mixer=softmax $PK=128 $(big $T8)" \
+  --variant "model.mixer=gated_deltanet $(big $T8)" --variant "$HYBRID $PK=128 $(big $T8)" 2>&1 \
+  | grep -v "rounds:" | tee "$OUT/packed_T8192.txt"
+# 7. (PARTS=document) the T8192 rows on documents longer than the context
+#    (data.sample_by=document: tiny-Shakespeare as one document, one run per row), where
+#    softmax needs the whole causal T x T: the long-context comparison.
+DOC="data.sample_by=document"
+has document && part 220 python scripts/cpu_step_work.py --wall --config configs/lm_files.py $STEPS_T8192 \
+  --variant "model.mixer=softmax $(big $T8) $DOC" --variant "model.mixer=gated_deltanet $(big $T8) $DOC" \
+  --variant "model.mixer=based $(big $T8) $DOC" --variant "$HYBRID $(big $T8) $DOC" 2>&1 \
+  | grep -v "rounds:" | tee "$OUT/document_T8192.txt"
 echo "all done: $(( $(date +%s) - BUDGET_T0 )) s"
