@@ -88,16 +88,24 @@ def _fwd_kernel(pos_ref, x_ref, w_ref, *out_refs, taps, pad, bt, normalize, scal
             out_ref.dtype)
 
 
-def _dpre_kernel(pos_ref, x_ref, w_ref, *refs, taps, pad, bt, normalize, scale, eps):
-    # backward pass 1: refs are the N output cotangents (Tx, D), time-padded as x, then
-    # dpre (BT, N, D) float32: the cotangent of the conv's output at this program's rows
+def _dpre_kernel(pos_ref, x_ref, w_ref, *refs, taps, pad, bt, normalize, scale, eps,
+                 blocks):
+    # backward pass 1: refs are the N output cotangents, then dpre (BT, N, D) float32: the
+    # cotangent of the conv's output at this program's rows. A cotangent is either this
+    # program's rows (BT, D) of the unpadded one (blocks > 0: the length is a multiple of
+    # BT; the program one block past the end reads the last block and takes zeros), or
+    # the whole sequence (Tx, D) time-padded as x (blocks = 0).
     n_in = len(normalize)
     douts, dpre_ref = refs[:n_in], refs[n_in]
     start = pl.program_id(1) * bt + pad
     for n in range(n_in):
         pre = _pre(x_ref, pos_ref, n, _weights(w_ref, n, taps), start, bt)
-        dpre_ref[:, n, :] = _dpre(pre, _rows(douts[n], start, bt), normalize[n], scale[n],
-                                  eps)
+        if blocks:
+            dout = jnp.where(pl.program_id(1) < blocks, douts[n][...].astype(jnp.float32),
+                             0.0)
+        else:
+            dout = _rows(douts[n], start, bt)
+        dpre_ref[:, n, :] = _dpre(pre, dout, normalize[n], scale[n], eps)
 
 
 def _bwd_kernel(pos_ref, x_ref, w_ref, dpre_ref, dx_ref, dw_ref, *, taps, pad, bt, n_in):
@@ -206,20 +214,26 @@ def _backward(xp, posp, w, lay: _Layout, douts, *, head_dim, normalize, scale, e
     """(dx (B, T, N, C) in x's dtype, the padded weights' gradient (taps, N, C) float32),
     in two programs: the cotangent of the conv's output (float32, one row block past the
     end, zeros there), then dx and the weights' partial gradients from it."""
-    b, _, n_in, c, taps, bt, tp, pad = lay
+    b, t, n_in, c, taps, bt, tp, pad = lay
     blocks = tp // bt
     xs, pos_s, rows, weights = _specs(lay, head_dim)
     params = _params(num_warps)
+    if t == tp:  # each program reads its own rows of the cotangents: no padded copies
+        last = blocks - 1
+        rows = pl.BlockSpec((None, bt, head_dim),
+                            lambda b, i, h: (b, jnp.minimum(i, last), h))
+        douts = [d.astype(xp.dtype) for d in douts]
+    else:
+        douts = [_time_padded(d.astype(xp.dtype), lay) for d in douts]
     dpre = pl.pallas_call(
         functools.partial(_dpre_kernel, taps=taps, pad=pad, bt=bt, normalize=normalize,
-                          scale=scale, eps=eps),
+                          scale=scale, eps=eps, blocks=blocks if t == tp else 0),
         grid=(b, blocks + 1, c // head_dim),
         in_specs=[pos_s, xs, weights] + [rows] * n_in,
         out_specs=pl.BlockSpec((None, bt, n_in, head_dim), lambda b, i, h: (b, i, 0, h)),
         out_shape=jax.ShapeDtypeStruct((b, tp + bt, n_in, c), jnp.float32),
         interpret=common.interpret(), compiler_params=params,
-        name="short_conv_bwd_dpre")(
-            posp, xp, w, *[_time_padded(d.astype(xp.dtype), lay) for d in douts])
+        name="short_conv_bwd_dpre")(posp, xp, w, *douts)
     dx, dw = pl.pallas_call(
         functools.partial(_bwd_kernel, taps=taps, pad=pad, bt=bt, n_in=n_in),
         grid=(b, blocks, c // head_dim),
