@@ -128,15 +128,20 @@ def packed_layout(segment_ids, max_segments: int):
     seg = jnp.asarray(segment_ids)
     b, t = seg.shape
     starts = jnp.concatenate([jnp.ones((b, 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)
-    runs = jnp.sum(starts, axis=1, dtype=jnp.int32)
-    first = jnp.sort(jnp.where(starts, jnp.arange(t, dtype=jnp.int32), t), axis=1)
-    if first.shape[1] < max_segments + 1:  # "no run" is position t
-        first = jnp.pad(first, ((0, 0), (0, max_segments + 1 - t)), constant_values=t)
-    first = first[:, :max_segments + 1]
-    present = first[:, :max_segments] < t
-    lengths = jnp.where(present, first[:, 1:] - first[:, :max_segments], -1)
-    offsets = jnp.concatenate([jnp.where(present, first[:, :max_segments], -1),
-                               jnp.full((b, 1), -1, jnp.int32)], axis=1)
+    run = jnp.cumsum(starts, axis=1, dtype=jnp.int32) - 1            # each token's run
+    runs = run[:, -1] + 1
+    # each run's first position into column `run` (one scatter, no sort); columns past
+    # max_segments are dropped, column max_segments keeps the (M+1)-th run's start
+    column = jnp.where(starts, run, max_segments + 1)
+    rows = jnp.broadcast_to(jnp.arange(b)[:, None], (b, t))
+    first = jnp.full((b, max_segments + 1), -1, jnp.int32).at[rows, column].set(
+        jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t)), mode="drop")
+    present = first[:, :max_segments] >= 0
+    following = first[:, 1:]
+    ends = jnp.where(following >= 0, following, t)
+    lengths = jnp.where(present, ends - first[:, :max_segments], -1)
+    offsets = jnp.concatenate([first[:, :max_segments], jnp.full((b, 1), -1, jnp.int32)],
+                              axis=1)
     return lengths, offsets, runs
 
 
