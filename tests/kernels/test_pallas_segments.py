@@ -170,3 +170,32 @@ def test_segment_ids_of_the_wrong_shape_are_refused():
     with pytest.raises(ValueError, match="segment_ids must be"):
         kp.gated_delta_rule(q, k, v, g, beta, segment_ids=np.zeros((B, T - 1), np.int32),
                             chunk_size=C)
+
+
+def test_vmapped_over_population_members_equals_separate_calls():
+    """training.population vmaps the step over members: the GPU program's pallas_calls
+    and custom VJP under jax.vmap, with each member's own packed documents, give each
+    member's separate call exactly (loss and every input's gradient). NIAH populations
+    train gated_deltanet this way (session 36 checked it after a member learned no
+    needles)."""
+    rng = np.random.default_rng(3)
+    members = 2
+    q, k, v = (jnp.asarray(rng.normal(size=(members, 1, T, H, d)), jnp.float32)
+               for d in (K, K, V))
+    k = k / jnp.linalg.norm(k, axis=-1, keepdims=True)
+    g = -0.1 * jnp.abs(jnp.asarray(rng.normal(size=(members, 1, T, H)), jnp.float32))
+    beta = jax.nn.sigmoid(jnp.asarray(rng.normal(size=(members, 1, T, H)), jnp.float32))
+    seg = jnp.asarray(segment_ids()[:members, None], jnp.int32)
+    weights = jnp.cos(jnp.arange(T * H * V, dtype=jnp.float32)).reshape(1, T, H, V)
+
+    def loss(*args):
+        *xs, s = args
+        o = kp.gated_delta_rule(*xs, chunk_size=C, segment_ids=s, variant=PROGRAMS[0][0])
+        return jnp.sum(o * weights)
+    step = jax.value_and_grad(loss, argnums=(0, 1, 2, 3, 4))
+    together, grads = jax.vmap(step)(q, k, v, g, beta, seg)
+    for m in range(members):
+        alone, alone_grads = step(q[m], k[m], v[m], g[m], beta[m], seg[m])
+        np.testing.assert_allclose(float(together[m]), float(alone), rtol=1e-6)
+        for a, b in zip(alone_grads, grads):
+            np.testing.assert_allclose(np.asarray(b[m]), np.asarray(a), rtol=1e-5, atol=1e-6)
