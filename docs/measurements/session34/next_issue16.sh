@@ -82,10 +82,13 @@ has packed && part 220 python scripts/cpu_step_work.py --wall --config configs/l
   --variant "model.mixer=softmax $(big $T8)" --variant "model.mixer=softmax $PK=128 $(big $T8)" \
   --variant "model.mixer=gated_deltanet $(big $T8)" --variant "$HYBRID $PK=128 $(big $T8)" 2>&1 \
   | grep -v "rounds:" | tee "$OUT/packed_T8192.txt"
-# 7. (PARTS=document) the T8192 rows on documents longer than the context
-#    (data.sample_by=document: tiny-Shakespeare as one document, one run per row), where
-#    softmax needs the whole causal T x T: the long-context comparison.
+# 7. (PARTS=document) the d1024 rows on documents longer than the context
+#    (data.sample_by=document, the data's default: tiny-Shakespeare as one document, one
+#    run per row), where softmax needs the whole causal T x T: the long-context comparison.
 DOC="data.sample_by=document"
+has document && part 170 python scripts/cpu_step_work.py --wall --config configs/lm_files.py $STEPS \
+  --variant "model.mixer=softmax $(big $T2) $DOC" --variant "model.mixer=gated_deltanet $(big $T2) $DOC" \
+  --variant "$HYBRID $(big $T2) $DOC" 2>&1 | grep -v "rounds:" | tee "$OUT/document_T2048.txt"
 has document && part 220 python scripts/cpu_step_work.py --wall --config configs/lm_files.py $STEPS_T8192 \
   --variant "model.mixer=softmax $(big $T8) $DOC" --variant "model.mixer=gated_deltanet $(big $T8) $DOC" \
   --variant "model.mixer=based $(big $T8) $DOC" --variant "$HYBRID $(big $T8) $DOC" 2>&1 \
