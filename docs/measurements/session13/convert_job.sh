@@ -13,7 +13,7 @@
 # what finished), $OUT/convert_log.txt. Env: SEEDS, MIXERS, PARTS, BUDGET, TEACHER_EXTRA
 # (population overrides of the teachers), CHAIN_EXTRA (convert_compare options),
 # TEACHER_CONFIG (default configs/shakespeare_char_gpu.py), DATA (default .jobs/input.txt),
-# EVAL_BATCHES (default 200).
+# EVAL_BATCHES (default 200), MAX_CHAINS (default 4).
 #   carry: .whl2 .jobs     run from the repository root
 set -u
 pip install -q --no-index --no-deps --target /tmp/site_ml .whl2/ml_collections*.whl
@@ -56,8 +56,12 @@ timeout -s TERM $(left) python -m training.population \
   ${TEACHER_EXTRA:-} > $W/teachers.log 2>&1
 for s in $SEEDS; do ln -s "$(ls -d $W/teachers/lr*_seed$s)" $W/teacher_seed$s; done
 echo "teachers done at $(( $(date +%s) - t0 )) s"; tail -n 5 $W/teachers.log
+# At most MAX_CHAINS chains at once (default 4), conversions before scratch runs: eight
+# processes without preallocation ran a 57M conversion out of GPU memory (session 36).
+MAX_CHAINS=${MAX_CHAINS:-4}
 pids=()
-for m in $MIXERS; do for part in ${PARTS:-convert}; do
+for part in ${PARTS:-convert}; do for m in $MIXERS; do
+  while [ "$(jobs -rp | wc -l)" -gt "$MAX_CHAINS" ]; do sleep 5; done  # + the merger
   timeout -s TERM $(left) python scripts/convert_compare.py --parts=$part \
     --out=$W/chain_$m --data=$DATA --teacher_config=$TEACHER_CONFIG \
     --eval_batches=$EVAL_BATCHES --seeds=$(echo $SEEDS | tr ' ' ,) \
