@@ -13,7 +13,7 @@ import numbers
 import jax
 import jax.numpy as jnp
 
-from kernels.common import PRECISION
+from kernels.common import PRECISION, run_ids
 
 SOFTMAX_IMPLS = ("auto", "xla", "cudnn")
 WINDOW_IMPLS = ("auto", "cudnn", "blocked", "masked")
@@ -125,10 +125,9 @@ def packed_layout(segment_ids, max_segments: int):
     a run's offset is its first position in its row; entries past a row's last run are
     -1 (jax's fused_attention_stablehlo.dot_product_attention takes them so). Rows with
     more than M runs are described only up to their M-th run (the caller checks)."""
-    seg = jnp.asarray(segment_ids)
-    b, t = seg.shape
-    starts = jnp.concatenate([jnp.ones((b, 1), bool), seg[:, 1:] != seg[:, :-1]], axis=1)
-    run = jnp.cumsum(starts, axis=1, dtype=jnp.int32) - 1            # each token's run
+    b, t = jnp.shape(segment_ids)
+    run = run_ids(segment_ids, b, t)  # each token's run: the linear kernels' documents
+    starts = jnp.concatenate([jnp.ones((b, 1), bool), run[:, 1:] != run[:, :-1]], axis=1)
     runs = run[:, -1] + 1
     # each run's first position into column `run` (one scatter, no sort); columns past
     # max_segments are dropped, column max_segments keeps the (M+1)-th run's start
@@ -148,10 +147,12 @@ def packed_layout(segment_ids, max_segments: int):
 def _packed_or_masked(q, k, v, segment_ids, scale, max_segments, cudnn_kwargs):
     """Causal attention within each run of segment ids: cuDNN's packed layout where every
     row has at most max_segments runs, else cuDNN with the mask (see softmax_attention)."""
+    def masked(q, k, v):
+        return jax.nn.dot_product_attention(q, k, v, implementation="cudnn", **cudnn_kwargs)
     try:
         from jax._src.cudnn import fused_attention_stablehlo as fused
     except ImportError:  # a jax without it: the mask path is always exact
-        return jax.nn.dot_product_attention(q, k, v, implementation="cudnn", **cudnn_kwargs)
+        return masked(q, k, v)
     lengths, offsets, runs = packed_layout(segment_ids, max_segments)
     scale = 1.0 / math.sqrt(q.shape[-1]) if scale is None else scale
 
@@ -160,9 +161,6 @@ def _packed_or_masked(q, k, v, segment_ids, scale, max_segments, cudnn_kwargs):
             q, k, v, q_seqlen=lengths, kv_seqlen=lengths, q_offsets=offsets,
             kv_offsets=offsets, scale=scale, mask_type=fused.MaskType.PADDING_CAUSAL,
             qkv_layout="BTNH")
-
-    def masked(q, k, v):
-        return jax.nn.dot_product_attention(q, k, v, implementation="cudnn", **cudnn_kwargs)
     try:
         return jax.lax.cond(jnp.all(runs <= max_segments), packed, masked, q, k, v)
     except Exception:  # a GPU before Hopper (cuDNN packs on sm90+), a cuDNN or jax

@@ -218,7 +218,10 @@ def _backward(xp, posp, w, lay: _Layout, douts, *, head_dim, normalize, scale, e
     blocks = tp // bt
     xs, pos_s, rows, weights = _specs(lay, head_dim)
     params = _params(num_warps)
-    if t == tp:  # each program reads its own rows of the cotangents: no padded copies
+    # a length of whole row blocks: each program reads its own rows of the cotangents,
+    # no padded copies (the dpre kernel's `blocks`; 0: the time-padded form)
+    dout_blocks = blocks if t == tp else 0
+    if dout_blocks:
         last = blocks - 1
         rows = pl.BlockSpec((None, bt, head_dim),
                             lambda b, i, h: (b, jnp.minimum(i, last), h))
@@ -227,7 +230,7 @@ def _backward(xp, posp, w, lay: _Layout, douts, *, head_dim, normalize, scale, e
         douts = [_time_padded(d.astype(xp.dtype), lay) for d in douts]
     dpre = pl.pallas_call(
         functools.partial(_dpre_kernel, taps=taps, pad=pad, bt=bt, normalize=normalize,
-                          scale=scale, eps=eps, blocks=blocks if t == tp else 0),
+                          scale=scale, eps=eps, blocks=dout_blocks),
         grid=(b, blocks + 1, c // head_dim),
         in_specs=[pos_s, xs, weights] + [rows] * n_in,
         out_specs=pl.BlockSpec((None, bt, n_in, head_dim), lambda b, i, h: (b, i, 0, h)),
