@@ -47,50 +47,45 @@ fi
 HYBRID="model.mixer=gated_deltanet model.softmax_every=8"
 PARTS=${PARTS:-shake t2048 t8192}
 has() { [[ " $PARTS " == *" $1 "* ]]; }
-has shake && part 150 python scripts/cpu_step_work.py --wall --config configs/shakespeare_char_gpu.py \
-  $STEPS --variant "model.mixer=softmax $SHAKE" --variant "model.mixer=based $SHAKE" \
-  --variant "model.mixer=gated_deltanet $SHAKE" 2>&1 | grep -v "rounds:" | tee "$OUT/shake.txt"
-has t2048 && part 170 python scripts/cpu_step_work.py --wall --config configs/lm_files.py $STEPS \
-  --variant "model.mixer=softmax $(big $T2)" --variant "model.mixer=gated_deltanet $(big $T2)" \
-  --variant "$HYBRID $(big $T2)" 2>&1 | grep -v "rounds:" | tee "$OUT/d1024_T2048.txt"
-has t8192 && part 220 python scripts/cpu_step_work.py --wall --config configs/lm_files.py $STEPS_T8192 \
-  --variant "model.mixer=softmax $(big $T8)" --variant "model.mixer=gated_deltanet $(big $T8)" \
-  --variant "model.mixer=based $(big $T8)" --variant "$HYBRID $(big $T8)" 2>&1 \
-  | grep -v "rounds:" | tee "$OUT/d1024_T8192.txt"
-has based && part 200 python scripts/cpu_step_work.py --wall --config configs/shakespeare_char_gpu.py \
-  $STEPS --variant "model.mixer=softmax $SHAKE" --variant "model.mixer=based $SHAKE" \
-  --variant "model.mixer=taylor $SHAKE" --variant "model.mixer=sliding_window $SHAKE" \
-  --variant "model.mixer=based model.window_impl=blocked $SHAKE" \
-  --variant "model.mixer=based model.impl=chunk $SHAKE" 2>&1 | grep -v "rounds:" \
-  | tee "$OUT/based_parts.txt"
+# rows NAME LIMIT CONFIG "STEP FLAGS" VARIANT...: one process, its variants compiled and
+# timed round-robin (cpu_step_work --wall), printed and kept as $OUT/NAME.txt
+rows() {
+  local name=$1 limit=$2 config=$3 steps=$4; shift 4
+  local variants=(); for v in "$@"; do variants+=(--variant "$v"); done
+  part "$limit" python scripts/cpu_step_work.py --wall --config "$config" $steps \
+    "${variants[@]}" 2>&1 | grep -v "rounds:" | tee "$OUT/$name.txt"
+}
+SHAKE_CFG=configs/shakespeare_char_gpu.py; LM=configs/lm_files.py
+has shake && rows shake 150 $SHAKE_CFG "$STEPS" "model.mixer=softmax $SHAKE" \
+  "model.mixer=based $SHAKE" "model.mixer=gated_deltanet $SHAKE"
+has t2048 && rows d1024_T2048 170 $LM "$STEPS" "model.mixer=softmax $(big $T2)" \
+  "model.mixer=gated_deltanet $(big $T2)" "$HYBRID $(big $T2)"
+has t8192 && rows d1024_T8192 220 $LM "$STEPS_T8192" "model.mixer=softmax $(big $T8)" \
+  "model.mixer=gated_deltanet $(big $T8)" "model.mixer=based $(big $T8)" "$HYBRID $(big $T8)"
+has based && rows based_parts 200 $SHAKE_CFG "$STEPS" "model.mixer=softmax $SHAKE" \
+  "model.mixer=based $SHAKE" "model.mixer=taylor $SHAKE" "model.mixer=sliding_window $SHAKE" \
+  "model.mixer=based model.window_impl=blocked $SHAKE" "model.mixer=based model.impl=chunk $SHAKE"
 SCAN="model.mixer=gated_deltanet model.scan_layers=True"
-has compile && part 200 python scripts/cpu_step_work.py --wall --config configs/lm_files.py \
-  --steps 2 --rounds 1 --variant "model.mixer=softmax $(big $T2)" \
-  --variant "model.mixer=gated_deltanet $(big $T2)" --variant "$SCAN $(big $T2)" \
-  --variant "$SCAN $(big $T2) model.num_layers=24" 2>&1 | grep -v "rounds:" \
-  | tee "$OUT/compile.txt"
+has compile && rows compile 200 $LM "--steps 2 --rounds 1" "model.mixer=softmax $(big $T2)" \
+  "model.mixer=gated_deltanet $(big $T2)" "$SCAN $(big $T2)" "$SCAN $(big $T2) model.num_layers=24"
 # 6. (PARTS=packed, session 36) softmax layers with cuDNN's packed-sequence layout
 #    (model.attention_max_segments; tiny-Shakespeare's paragraphs are 14 / 53 documents a
 #    row at T 2,048 / 8,192, so the mask path computes 5x / 19x the attention it keeps),
 #    beside the mask path, gated_deltanet and the hybrid, one process per length.
 PK="model.attention_max_segments"
-has packed && part 170 python scripts/cpu_step_work.py --wall --config configs/lm_files.py $STEPS \
-  --variant "model.mixer=softmax $(big $T2)" --variant "model.mixer=softmax $PK=64 $(big $T2)" \
-  --variant "model.mixer=gated_deltanet $(big $T2)" --variant "$HYBRID $PK=64 $(big $T2)" 2>&1 \
-  | grep -v "rounds:" | tee "$OUT/packed_T2048.txt"
-has packed && part 220 python scripts/cpu_step_work.py --wall --config configs/lm_files.py $STEPS_T8192 \
-  --variant "model.mixer=softmax $(big $T8)" --variant "model.mixer=softmax $PK=128 $(big $T8)" \
-  --variant "model.mixer=gated_deltanet $(big $T8)" --variant "$HYBRID $PK=128 $(big $T8)" 2>&1 \
-  | grep -v "rounds:" | tee "$OUT/packed_T8192.txt"
+has packed && rows packed_T2048 170 $LM "$STEPS" "model.mixer=softmax $(big $T2)" \
+  "model.mixer=softmax $PK=64 $(big $T2)" "model.mixer=gated_deltanet $(big $T2)" \
+  "$HYBRID $PK=64 $(big $T2)"
+has packed && rows packed_T8192 220 $LM "$STEPS_T8192" "model.mixer=softmax $(big $T8)" \
+  "model.mixer=softmax $PK=128 $(big $T8)" "model.mixer=gated_deltanet $(big $T8)" \
+  "$HYBRID $PK=128 $(big $T8)"
 # 7. (PARTS=document) the d1024 rows on documents longer than the context
 #    (data.sample_by=document, the data's default: tiny-Shakespeare as one document, one
 #    run per row), where softmax needs the whole causal T x T: the long-context comparison.
 DOC="data.sample_by=document"
-has document && part 170 python scripts/cpu_step_work.py --wall --config configs/lm_files.py $STEPS \
-  --variant "model.mixer=softmax $(big $T2) $DOC" --variant "model.mixer=gated_deltanet $(big $T2) $DOC" \
-  --variant "$HYBRID $(big $T2) $DOC" 2>&1 | grep -v "rounds:" | tee "$OUT/document_T2048.txt"
-has document && part 220 python scripts/cpu_step_work.py --wall --config configs/lm_files.py $STEPS_T8192 \
-  --variant "model.mixer=softmax $(big $T8) $DOC" --variant "model.mixer=gated_deltanet $(big $T8) $DOC" \
-  --variant "model.mixer=based $(big $T8) $DOC" --variant "$HYBRID $(big $T8) $DOC" 2>&1 \
-  | grep -v "rounds:" | tee "$OUT/document_T8192.txt"
+has document && rows document_T2048 170 $LM "$STEPS" "model.mixer=softmax $(big $T2) $DOC" \
+  "model.mixer=gated_deltanet $(big $T2) $DOC" "$HYBRID $(big $T2) $DOC"
+has document && rows document_T8192 220 $LM "$STEPS_T8192" "model.mixer=softmax $(big $T8) $DOC" \
+  "model.mixer=gated_deltanet $(big $T8) $DOC" "model.mixer=based $(big $T8) $DOC" \
+  "$HYBRID $(big $T8) $DOC"
 echo "all done: $(( $(date +%s) - BUDGET_T0 )) s"
