@@ -3,11 +3,12 @@ the op), as issue 16's first table measures it, and optionally where that time g
 
     python scripts/mixer_speed.py [--mixers softmax,gated_deltanet,linear,based]
         [--shapes 4x8192x1024x8,64x256x384x6] [--dtype bfloat16] [--profile gated_deltanet]
-        [--set window_impl=cudnn,...] [--hlo DIR] [--out FILE.json]
+        [--set window_impl=cudnn,...] [--docs 2] [--hlo DIR] [--out FILE.json]
 
 Each mixer is built from models.ModelConfig at (d_model, heads) with the run's compute
-dtype and float32 parameters (the configs' default), called on x (B, T, d_model) with
-segment ids (train.py's loss always passes them), and differentiated with respect to its
+dtype and float32 parameters (the configs' default), called on x (B, T, d_model) holding
+--docs documents a row (> 1: with segment ids, as train.py's loss passes them for packed
+rows; 1: none, as for rows cut from documents longer than the context), and differentiated with respect to its
 parameters and x against a fixed cotangent: the mixer's share of a train step. Times are
 the median of scripts.bench_kernels.time_jax (compilation excluded). --profile names the
 mixers whose device kernels are listed (jax.profiler, top 25 by time). A diagnostic: the
@@ -33,7 +34,7 @@ from scripts import bench_kernels, profile_kernels  # noqa: E402
 
 
 def mixer_fwd_bwd(name: str, b: int, t: int, d_model: int, heads: int, dtype: str,
-                  overrides: dict):
+                  overrides: dict, docs: int = 2):
     """(jitted fwd+bwd function, its arguments) of mixer `name` at (b, t, d_model)."""
     cfg = ModelConfig(d_model=d_model, num_heads=heads, mixer=name, dtype=dtype,
                       max_len=t, **overrides)
@@ -42,8 +43,10 @@ def mixer_fwd_bwd(name: str, b: int, t: int, d_model: int, heads: int, dtype: st
     key = jax.random.PRNGKey(t)
     x = jax.random.normal(key, (b, t, d_model), jnp.float32).astype(dtype)
     dy = jax.random.normal(jax.random.fold_in(key, 1), x.shape, jnp.float32).astype(dtype)
-    # two documents per row, as packed training batches carry
-    segment_ids = (jnp.arange(t) >= t // 3).astype(jnp.int32)[None].repeat(b, 0)
+    # `docs` documents a row of equal length (the first starts at 0); one: no segment ids
+    segment_ids = None
+    if docs > 1:
+        segment_ids = (jnp.arange(t) * docs // t).astype(jnp.int32)[None].repeat(b, 0)
 
     def step(params, x, dy, segment_ids):
         def apply(params, x):
@@ -66,8 +69,12 @@ def main() -> None:
     p.add_argument("--barrier_l2", action="store_true",
                    help="experiment: the delta rules' q, k l2 norm behind an optimization "
                    "barrier (kept out of the short conv's fusion)")
+    p.add_argument("--docs", type=int, default=2,
+                   help="documents a row (1: no segment ids, softmax is causal only)")
     p.add_argument("--out", default="")
     a = p.parse_args()
+    if a.docs < 1:
+        p.error(f"--docs must be >= 1, got {a.docs}")
     overrides = {}
     for item in filter(None, a.set.split(",")):
         key, value = item.split("=")
@@ -84,7 +91,8 @@ def main() -> None:
         base = None
         for name in a.mixers.split(","):
             try:
-                fn, args = mixer_fwd_bwd(name, b, t, d_model, heads, a.dtype, overrides)
+                fn, args = mixer_fwd_bwd(name, b, t, d_model, heads, a.dtype, overrides,
+                                          a.docs)
                 ms = bench_kernels.time_jax(fn, *args) * 1e3
             except Exception as e:  # noqa: BLE001 (one failing mixer keeps the others)
                 print(f"{shape} {name}: {type(e).__name__}: {str(e)[:300]}", flush=True)
