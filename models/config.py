@@ -92,6 +92,9 @@ class ModelConfig:
     # packed-sequence layout (rows of at most this many documents; a batch with a longer
     # row takes the mask path), so it computes attention only within documents, where the
     # mask path computes the whole causal T x T. 0: the mask path (kernels.attention).
+    # It pays for long rows of many documents (T 8,192 of paragraphs: the layer's
+    # attention 1.95x faster) and costs at T <= 2,048, where cuDNN's fixed cost per
+    # sequence exceeds the work it skips (docs/benchmarks.md, session 37); hence off.
     attention_max_segments: int = _runtime(0)
     chunk_size: int = _runtime(64)
     # The delta rules' input path in training (conv + SiLU + q/k L2 norm + q scale):
