@@ -8,5 +8,5 @@ OUT=${OUT:-/tmp/h200_issue16}; mkdir -p "$OUT"
 BUDGET=330 OUT=$OUT PARTS="shake document" bash docs/measurements/session34/next_issue16.sh
 PYTHONPATH=/tmp/site timeout 200 python scripts/mixer_speed.py --docs 1 \
   --shapes 4x8192x1024x8,4x2048x1024x8,64x256x384x6 \
-  --mixers softmax,gated_deltanet,linear,based --profile gated_deltanet,based \
+  --mixers softmax,gated_deltanet,linear,based --profile gated_deltanet,based --hlo "$OUT" \
   --out "$OUT/mixer_docs1.json" 2>&1 | grep -v -i warn | tee "$OUT/mixer_docs1.txt"
