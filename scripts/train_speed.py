@@ -9,7 +9,8 @@ figure is the median of the rates train.py logs every 10 steps (metrics.jsonl) o
 second half of the steps, so the first step and its compilation are excluded. Rows:
   shake         configs/shakespeare_char_gpu.py, softmax and gated_deltanet, 320 steps
   d1024_T2048   8 layers, d_model 1024, 8 heads, byte-level text packed by paragraph
-  d1024_T8192   (so rows carry segment ids), batch 4, softmax and gated_deltanet
+  d1024_T8192   (so rows carry segment ids), batch 4, softmax and gated_deltanet;
+                softmax over the packed rows takes the faster of cuDNN's two forms
   losses        the first 200 losses of gated_deltanet through the Pallas kernels and
                 through the chunk form (model.impl=chunk), logged every step
 With --nanogpt (a checkout of karpathy/nanoGPT), its own train.py with its shipped
@@ -39,9 +40,15 @@ SHAKESPEARE = "configs/shakespeare_char_gpu.py"
 
 
 def d1024(seq_len: int) -> list[str]:
+    # Softmax layers get the documents the faster way: cuDNN's packed-sequence layout at
+    # T >= 8,192 (53 paragraphs a row: attention within them only, 1.95x faster), the
+    # mask elsewhere (at T 2,048 the packed layout is the slower; docs/benchmarks.md,
+    # session 37), so the linear mixers are compared against softmax at its best.
+    packed = 128 if seq_len >= 8192 else 0
     return ["--config.model.d_model=1024", "--config.model.num_layers=8",
             "--config.model.num_heads=8", f"--config.model.max_len={seq_len}",
             f"--config.data.seq_len={seq_len}", "--config.data.sample_by=paragraph",
+            f"--config.model.attention_max_segments={packed}",
             "--config.train.batch_size=4"]
 
 

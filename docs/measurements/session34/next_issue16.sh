@@ -21,7 +21,7 @@
 #      and 24 layers scanned (24 <= 1.2x 8), d1024 T2048; the figure is the train step's
 #      lower + compile (train.py's first step adds init and the first batch).
 #   6. (PARTS=packed) and 7. (PARTS=document): below.
-#   run: bash docs/measurements/session34/next_issue16.sh   carry: .whl .jobs  (~540 s)
+#   run: bash docs/measurements/session34/next_issue16.sh   carry: .whl .jobs  (~370 s on an H100)
 #        PARTS="based compile" bash docs/measurements/session34/next_issue16.sh   (~400 s)
 #   CPU check of the mechanics: SMALL=1 [PARTS=...] bash docs/measurements/session34/next_issue16.sh
 set -u
@@ -45,7 +45,9 @@ else
   STEPS="--steps 20 --rounds 8"; STEPS_T8192="--steps 8 --rounds 6"; T2=2048; T8=8192
 fi
 HYBRID="model.mixer=gated_deltanet model.softmax_every=8"
-PARTS=${PARTS:-shake t2048 t8192}
+# default since session 37: softmax at its best (the t2048 / t8192 parts hand it the
+# paragraphs as a mask bias, twice its causal kernel's cost at T 8,192)
+PARTS=${PARTS:-shake document packed}
 has() { [[ " $PARTS " == *" $1 "* ]]; }
 # rows NAME LIMIT CONFIG "STEP FLAGS" VARIANT...: one process, its variants compiled and
 # timed round-robin (cpu_step_work --wall), printed and kept as $OUT/NAME.txt
