@@ -4,9 +4,12 @@
 # kernel), then each mixer alone with gated_deltanet's and based's kernel lists.
 #   run: bash docs/measurements/session37/h200_issue16.sh   carry: .whl .jobs  (~400 s)
 set -u
+mkdir -p /tmp/hlo
 OUT=${OUT:-/tmp/h200_issue16}; mkdir -p "$OUT"
 BUDGET=330 OUT=$OUT PARTS="shake document" bash docs/measurements/session34/next_issue16.sh
 PYTHONPATH=/tmp/site timeout 200 python scripts/mixer_speed.py --docs 1 \
   --shapes 4x8192x1024x8,4x2048x1024x8,64x256x384x6 \
-  --mixers softmax,gated_deltanet,linear,based --profile gated_deltanet,based --hlo "$OUT" \
+  --mixers softmax,gated_deltanet,linear,based --profile gated_deltanet,based --hlo /tmp/hlo \
   --out "$OUT/mixer_docs1.json" 2>&1 | grep -v -i warn | tee "$OUT/mixer_docs1.txt"
+# the device returns at most 8 files: the six programs go back as one archive
+tar -C /tmp/hlo -cf "$OUT/hlo.tar" .
