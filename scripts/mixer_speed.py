@@ -8,8 +8,9 @@ the op), as issue 16's first table measures it, and optionally where that time g
 Each mixer is built from models.ModelConfig at (d_model, heads) with the run's compute
 dtype and float32 parameters (the configs' default), called on x (B, T, d_model) holding
 --docs documents a row (> 1: with segment ids, as train.py's loss passes them for packed
-rows; 1: none, as for rows cut from documents longer than the context), and differentiated with respect to its
-parameters and x against a fixed cotangent: the mixer's share of a train step. Times are
+rows; 1: none, as for rows cut from documents longer than the context), and
+differentiated with respect to its parameters and x against a fixed cotangent: the
+mixer's share of a train step. Times are
 the median of scripts.bench_kernels.time_jax (compilation excluded). --profile names the
 mixers whose device kernels are listed (jax.profiler, top 25 by time). A diagnostic: the
 figures of record are train.py's own (scripts/train_speed.py).
