@@ -51,7 +51,8 @@ def load_run(workdir: str, step: int | str | None = None, *, data: bool = True):
 
 
 def make_logits_fn(model: nnx.Module) -> Callable[..., jax.Array]:
-    """A jitted `(inputs, segment_ids) -> logits` float32 for a fixed (eval-mode) model.
+    """A jitted `(inputs, segment_ids=None) -> logits` float32 for a fixed (eval-mode)
+    model; segment_ids None: each row is one sequence.
 
     The model is split once into (graphdef, state) and merged inside the traced
     function, so jit sees a pure function of arrays (DESIGN: split state explicitly).
@@ -64,10 +65,11 @@ def make_logits_fn(model: nnx.Module) -> Callable[..., jax.Array]:
     forward = _forward_of(graphdef)
 
     def logits_fn(inputs, segment_ids=None):
-        inputs = jnp.asarray(inputs, jnp.int32)
-        if segment_ids is None:
-            segment_ids = jnp.ones_like(inputs)
-        return forward(state, inputs, jnp.asarray(segment_ids, jnp.int32))
+        # None: each row one sequence, run as training runs unpacked rows (no segment
+        # masks: cuDNN's causal kernel for softmax, the unsegmented linear kernels)
+        if segment_ids is not None:
+            segment_ids = jnp.asarray(segment_ids, jnp.int32)
+        return forward(state, jnp.asarray(inputs, jnp.int32), segment_ids)
 
     return logits_fn
 
