@@ -86,19 +86,28 @@ def _forward_of(graphdef):
     return forward
 
 
-def token_stats_fn(logits_fn: Callable[..., jax.Array]):
+def token_stats_fn(logits_fn: Callable[..., jax.Array], packed: bool = True):
     """`(batch) -> (nll, correct)` per position, float32 / bool NumPy arrays (B, T).
 
     nll is -log softmax(logits)[target]; correct is argmax(logits) == target.
+    packed: rows may hold several documents (the dataset's `packed`), so the batch's
+    segment_ids reach the model; False: they do not, as in training's loss (each row one
+    example: the same values through the unsegmented kernels).
     """
 
     def stats(batch: Mapping[str, np.ndarray]):
-        seg = batch.get("segment_ids")
+        seg = batch.get("segment_ids") if packed else None
         logits = logits_fn(batch["inputs"], seg)
         nll, correct = _token_stats(logits, jnp.asarray(batch["targets"], jnp.int32))
         return np.asarray(nll, np.float64), np.asarray(correct) > 0
 
     return stats
+
+
+def rows_packed(dataset) -> bool:
+    """The dataset's `packed` (data.base.Dataset); True where it has none (a run loaded
+    without its corpus: batches then say what they hold by their segment_ids)."""
+    return bool(getattr(dataset, "packed", True))
 
 
 # Evaluation scores each token as the training loss does (float32 cross-entropy, argmax).

@@ -130,7 +130,8 @@ def run(workdir: str, files: str | None = None, batch_size: int = 16,
         step: int | str | None = None) -> dict[str, Any]:
     # --files: the run's saved tokenizer only; the training corpus is not read.
     model, config, dataset, step = common.load_run(workdir, step, data=not files)
-    stats_fn = common.token_stats_fn(common.make_logits_fn(model))
+    stats_fn = common.token_stats_fn(common.make_logits_fn(model),
+                                     common.rows_packed(dataset))
     if files:
         from training import workdir_tokenizer
         seq_len = int(cfg_get(config, "data.seq_len"))

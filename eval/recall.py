@@ -287,7 +287,8 @@ def run(workdir: str, task: str, *, seq_lens=(64, 128, 256, 512), num_examples: 
     if task not in ("mqar", "niah"):
         raise ValueError(f"--task={task!r}: choose mqar or niah")
     model, config, dataset, step = common.load_run(workdir, step)
-    stats_fn = common.token_stats_fn(common.make_logits_fn(model))
+    stats_fn = common.token_stats_fn(common.make_logits_fn(model),
+                                     common.rows_packed(dataset))
     num_examples = num_examples or (256 if task == "mqar" else 32)
     if task == "mqar":
         result = mqar_grid(stats_fn, mqar_task(config, dataset),

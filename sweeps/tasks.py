@@ -66,7 +66,8 @@ def evaluate_run(task: str, run_dir: str, ecfg: Mapping[str, Any]) -> dict[str, 
     from training import model_state
 
     model, config, dataset, step = common.load_run(run_dir)
-    stats_fn = common.token_stats_fn(common.make_logits_fn(model))
+    stats_fn = common.token_stats_fn(common.make_logits_fn(model),
+                                     common.rows_packed(dataset))
     bs, nb = int(ecfg.get("batch_size", 16)), int(ecfg.get("num_batches", 20))
     if task == "lm":
         r = perplexity.evaluate(stats_fn, dataset.eval_batches(bs, nb),

@@ -370,3 +370,41 @@ def test_models_of_one_architecture_share_one_compiled_forward():
         forwards.add(common._forward_of(nnx.graphdef(model)))
     (forward,) = forwards
     assert forward._cache_size() == 2  # without and with segment ids
+
+
+def test_token_stats_pass_segment_ids_only_for_packed_rows():
+    # As training's loss: a dataset whose rows are one example each (MQAR, NIAH) runs
+    # without segment ids; a packed one keeps its documents apart.
+    from flax import nnx
+
+    from models.config import ModelConfig
+    from models.lm import LanguageModel
+    cfg = ModelConfig(vocab_size=32, d_model=16, num_layers=1, num_heads=2, mixer="softmax")
+    model = LanguageModel(cfg, rngs=nnx.Rngs(0))
+    x = (np.arange(24, dtype=np.int32).reshape(2, 12) * 7) % 32
+    seg = np.repeat(np.array([[1] * 5 + [2] * 7]), 2, axis=0).astype(np.int32)
+    batch = {"inputs": x, "targets": np.roll(x, -1, axis=1), "segment_ids": seg}
+    logits_fn = common.make_logits_fn(model)
+    whole = np.asarray(model(jnp.asarray(x), deterministic=True), np.float64)
+    split = np.asarray(model(jnp.asarray(x), segment_ids=jnp.asarray(seg),
+                             deterministic=True), np.float64)
+
+    def nll(logits):  # float64 reference of the per-position loss
+        z = logits - logits.max(-1, keepdims=True)
+        logp = z - np.log(np.exp(z).sum(-1, keepdims=True))
+        return -np.take_along_axis(logp, batch["targets"][..., None], -1)[..., 0]
+
+    unpacked, _ = common.token_stats_fn(logits_fn, packed=False)(batch)
+    packed, _ = common.token_stats_fn(logits_fn, packed=True)(batch)
+    np.testing.assert_allclose(unpacked, nll(whole), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(packed, nll(split), rtol=1e-5, atol=1e-5)
+    # the second document's positions see the first only without segment ids
+    assert np.abs(unpacked[:, 5:] - packed[:, 5:]).max() > 1e-3
+    np.testing.assert_allclose(unpacked[:, :5], packed[:, :5], rtol=1e-5, atol=1e-5)
+
+
+def test_rows_packed_reads_the_dataset():
+    class Rows:
+        packed = False
+    assert common.rows_packed(Rows()) is False
+    assert common.rows_packed(object()) is True  # a run loaded without its corpus
