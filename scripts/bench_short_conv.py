@@ -5,7 +5,10 @@ in one process, to choose the kernel's tuning. A diagnostic: the figures of reco
 train.py's own (scripts/train_speed.py with --config.model.conv_impl=pallas).
 
     python scripts/bench_short_conv.py [--shape 4x2048x1024x8] [--conv 4]
-        [--settings 16x4,32x4,64x8] [--out FILE.json]
+        [--settings 16x4,32x4,64x8,16x4:input] [--out FILE.json]
+
+A setting is ROWSxWARPS, optionally :input for the backward's stored cotangent in x's
+dtype rather than float32 (short_conv.conv_silu_norm's dpre_dtype).
 """
 from __future__ import annotations
 
@@ -52,7 +55,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--shape", default="4x2048x1024x8", help="BxTxD_MODELxHEADS")
     p.add_argument("--conv", type=int, default=4)
-    p.add_argument("--settings", default="16x4,32x4,64x8", help="ROWSxWARPS,...")
+    p.add_argument("--settings", default="16x4,32x4,64x8,16x4:input",
+                   help="ROWSxWARPS[:input],...")
     p.add_argument("--dtype", default="bfloat16")
     p.add_argument("--out", default=None)
     args = p.parse_args()
@@ -68,9 +72,9 @@ def main() -> None:
                                         scale=scale, impl="chunk")
         return tuple(outs)
 
-    def fused(rows, warps):
+    def fused(rows, warps, dpre_dtype):
         return lambda x, w: short_conv.conv_silu_norm(x, w, positions, head_dim, NORMALIZE,
-                                                      scale, 1e-6, rows, warps)
+                                                      scale, 1e-6, rows, warps, dpre_dtype)
 
     def fwd_bwd(fn):
         def run(x, params):
@@ -80,8 +84,9 @@ def main() -> None:
 
     rows = [("xla", fwd_bwd(xla), state)]
     for setting in args.settings.split(","):
-        r, nw = (int(v) for v in setting.split("x"))
-        rows.append((f"pallas_{r}x{nw}", fwd_bwd(fused(r, nw)), w))
+        launch, _, dpre = setting.partition(":")
+        r, nw = (int(v) for v in launch.split("x"))
+        rows.append((f"pallas_{setting}", fwd_bwd(fused(r, nw, dpre or "float32")), w))
     results = {}
     want = None
     for name, fn, params in rows:

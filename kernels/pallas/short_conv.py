@@ -15,10 +15,11 @@ over (B, T, 3, C) (the conv weights' gradient as column reductions): about 0.4 m
 each program takes BT rows of one head of every input and reads the rows its taps reach
 straight from the sequence (zero-padded in time so that every read lies inside), as
 fla's causal_conv1d does. The forward writes y once. The backward runs two programs:
-the cotangent of the conv's output (float32, recomputing the conv from x), then dx and
-each program's partial sums of the weights' gradient from it (a shifted read of that
-cotangent per tap). A single backward program that recomputed the conv at every shifted
-row needed every register and spilled.
+the cotangent of the conv's output (recomputing the conv from x; stored in float32, or
+with dpre_dtype="input" in x's dtype, which halves the bytes of the two programs'
+largest array), then dx and each program's partial sums of the weights' gradient from it
+(a shifted read of that cotangent per tap). A single backward program that recomputed
+the conv at every shifted row needed every register and spilled.
 """
 from __future__ import annotations
 
@@ -105,7 +106,8 @@ def _dpre_kernel(pos_ref, x_ref, w_ref, *refs, taps, pad, bt, normalize, scale, 
                              0.0)
         else:
             dout = _rows(douts[n], start, bt)
-        dpre_ref[:, n, :] = _dpre(pre, dout, normalize[n], scale[n], eps)
+        dpre_ref[:, n, :] = _dpre(pre, dout, normalize[n], scale[n], eps).astype(
+            dpre_ref.dtype)
 
 
 def _bwd_kernel(pos_ref, x_ref, w_ref, dpre_ref, dx_ref, dw_ref, *, taps, pad, bt, n_in):
@@ -210,10 +212,10 @@ def _forward(xp, posp, w, lay: _Layout, *, head_dim, normalize, scale, eps, num_
 
 
 def _backward(xp, posp, w, lay: _Layout, douts, *, head_dim, normalize, scale, eps,
-              num_warps):
+              num_warps, dpre_dtype):
     """(dx (B, T, N, C) in x's dtype, the padded weights' gradient (taps, N, C) float32),
-    in two programs: the cotangent of the conv's output (float32, one row block past the
-    end, zeros there), then dx and the weights' partial gradients from it."""
+    in two programs: the cotangent of the conv's output (in dpre_dtype, one row block
+    past the end, zeros there), then dx and the weights' partial gradients from it."""
     b, t, n_in, c, taps, bt, tp, pad = lay
     blocks = tp // bt
     xs, pos_s, rows, weights = _specs(lay, head_dim)
@@ -234,7 +236,7 @@ def _backward(xp, posp, w, lay: _Layout, douts, *, head_dim, normalize, scale, e
         grid=(b, blocks + 1, c // head_dim),
         in_specs=[pos_s, xs, weights] + [rows] * n_in,
         out_specs=pl.BlockSpec((None, bt, n_in, head_dim), lambda b, i, h: (b, i, 0, h)),
-        out_shape=jax.ShapeDtypeStruct((b, tp + bt, n_in, c), jnp.float32),
+        out_shape=jax.ShapeDtypeStruct((b, tp + bt, n_in, c), dpre_dtype),
         interpret=common.interpret(), compiler_params=params,
         name="short_conv_bwd_dpre")(posp, xp, w, *douts)
     dx, dw = pl.pallas_call(
@@ -258,15 +260,25 @@ def _padded_inputs(x, kernel, pos, block_t):
     return _time_padded(x, lay), _time_padded(pos, lay), _padded_kernel(kernel, lay.taps), lay
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7, 8))
-def conv_silu_norm(x, kernel, pos, head_dim, normalize, scale, eps, block_t, num_warps):
+DPRE_DTYPES = ("float32", "input")
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5, 6, 7, 8, 9))
+def conv_silu_norm(x, kernel, pos, head_dim, normalize, scale, eps, block_t, num_warps,
+                   dpre_dtype="float32"):
     """See the module docstring: x (B, T, N, C), kernel (c, N, C), pos (B, T) int32 (each
-    token's position in its document); normalize / scale: N static bools / floats.
+    token's position in its document); normalize / scale: N static bools / floats;
+    dpre_dtype: the backward's stored cotangent, "float32" or "input" (x's dtype).
     Returns the N outputs (B, T, C) in x's dtype."""
-    return _vjp_fwd(x, kernel, pos, head_dim, normalize, scale, eps, block_t, num_warps)[0]
+    return _vjp_fwd(x, kernel, pos, head_dim, normalize, scale, eps, block_t, num_warps,
+                    dpre_dtype)[0]
 
 
-def _vjp_fwd(x, kernel, pos, head_dim, normalize, scale, eps, block_t, num_warps):
+def _vjp_fwd(x, kernel, pos, head_dim, normalize, scale, eps, block_t, num_warps,
+             dpre_dtype):
+    if dpre_dtype not in DPRE_DTYPES:
+        raise ValueError(f"conv_silu_norm: dpre_dtype must be one of {DPRE_DTYPES}, "
+                         f"got {dpre_dtype!r}")
     # the padded inputs are the residuals: the backward reads the same rows, padded once
     xp, posp, w, lay = _padded_inputs(x, kernel, pos, block_t)
     outs = _forward(xp, posp, w, lay, head_dim=head_dim, normalize=normalize, scale=scale,
@@ -274,13 +286,15 @@ def _vjp_fwd(x, kernel, pos, head_dim, normalize, scale, eps, block_t, num_warps
     return outs, (xp, posp, kernel)
 
 
-def _vjp_bwd(head_dim, normalize, scale, eps, block_t, num_warps, saved, douts):
+def _vjp_bwd(head_dim, normalize, scale, eps, block_t, num_warps, dpre_dtype, saved,
+             douts):
     xp, posp, kernel = saved
     t = douts[0].shape[1]  # the padded inputs keep every size but the length
     lay = _layout((xp.shape[0], t) + xp.shape[2:], kernel, block_t)
     dx, dw = _backward(xp, posp, _padded_kernel(kernel, lay.taps), lay, douts,
                        head_dim=head_dim, normalize=normalize, scale=scale, eps=eps,
-                       num_warps=num_warps)
+                       num_warps=num_warps,
+                       dpre_dtype=jnp.float32 if dpre_dtype == "float32" else xp.dtype)
     return dx, dw[lay.taps - kernel.shape[0]:].astype(kernel.dtype), None
 
 

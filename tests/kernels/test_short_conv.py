@@ -48,11 +48,11 @@ def reference(x, w, segment_ids, eps=1e-6):
     return outs
 
 
-def fused(x, w, segment_ids, block_t):
+def fused(x, w, segment_ids, block_t, dpre_dtype="float32"):
     positions = jnp.broadcast_to(layers.segment_positions(segment_ids, x.shape[1]),
                                  x.shape[:2])
     return short_conv.conv_silu_norm(x, w, positions, D, NORMALIZE, SCALE, 1e-6, block_t,
-                                     4)
+                                     4, dpre_dtype)
 
 
 def xla_form(x, w, segment_ids):
@@ -140,6 +140,36 @@ def test_bf16_inputs_close_to_float32():
                                atol=1e-2 * float(jnp.max(jnp.abs(dx))), rtol=0)
     np.testing.assert_allclose(np.asarray(dwb), np.asarray(dw),
                                atol=1e-2 * float(jnp.max(jnp.abs(dw))), rtol=0)
+
+
+def test_cotangent_stored_in_the_input_dtype():
+    """dpre_dtype="input": the backward's stored cotangent in x's dtype. float32 x: the
+    same gradients as the float32 store, exactly; bf16 x: within the cotangent's bf16
+    rounding of the float32 store's gradients (on the same bf16 inputs and cotangents)."""
+    b, t = 2, 70
+    x, w = inputs(b, t, 4, seed=3)
+    seg = packed(b, t)
+    cts = [jax.random.normal(jax.random.key(30 + n), (b, t, C)) for n in range(3)]
+
+    def grads(xx, dpre_dtype):
+        def loss(xx, w):
+            outs = fused(xx, w, seg, 16, dpre_dtype)
+            return sum(jnp.sum(o * ct.astype(o.dtype)).astype(jnp.float32)
+                       for o, ct in zip(outs, cts))
+        return jax.grad(loss, (0, 1))(xx, w)
+    for got, want in zip(grads(x, "input"), grads(x, "float32")):
+        np.testing.assert_array_equal(np.asarray(got), np.asarray(want))
+    xb = x.astype(jnp.bfloat16)
+    (dxb, dwb), (dx, dw) = grads(xb, "input"), grads(xb, "float32")
+    assert dxb.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(dxb.astype(jnp.float32)),
+                               np.asarray(dx.astype(jnp.float32)),
+                               atol=2e-2 * float(jnp.max(jnp.abs(dx.astype(jnp.float32)))),
+                               rtol=0)
+    np.testing.assert_allclose(np.asarray(dwb), np.asarray(dw),
+                               atol=1e-2 * float(jnp.max(jnp.abs(dw))), rtol=0)
+    with pytest.raises(ValueError, match="dpre_dtype"):
+        fused(x, w, seg, 16, "bfloat16")
 
 
 def test_dispatch():
