@@ -17,9 +17,10 @@ straight from the sequence (zero-padded in time so that every read lies inside),
 fla's causal_conv1d does. The forward writes y once. The backward runs two programs:
 the cotangent of the conv's output (recomputing the conv from x; stored in float32, or
 with dpre_dtype="input" in x's dtype, which halves the bytes of the two programs'
-largest array), then dx and each program's partial sums of the weights' gradient from it
-(a shifted read of that cotangent per tap). A single backward program that recomputed
-the conv at every shifted row needed every register and spilled.
+largest array) and each program's partial sums of the weights' gradient (from the taps'
+rows the conv reads), then dx from that cotangent alone (a shifted read of it per tap).
+A single backward program that recomputed the conv at every shifted row needed every
+register and spilled.
 """
 from __future__ import annotations
 
@@ -91,14 +92,17 @@ def _fwd_kernel(pos_ref, x_ref, w_ref, *out_refs, taps, pad, bt, normalize, scal
 
 def _dpre_kernel(pos_ref, x_ref, w_ref, *refs, taps, pad, bt, normalize, scale, eps,
                  blocks):
-    # backward pass 1: refs are the N output cotangents, then dpre (BT, N, D) float32: the
-    # cotangent of the conv's output at this program's rows. A cotangent is either this
-    # program's rows (BT, D) of the unpadded one (blocks > 0: the length is a multiple of
-    # BT; the program one block past the end reads the last block and takes zeros), or
-    # the whole sequence (Tx, D) time-padded as x (blocks = 0).
+    # backward pass 1: refs are the N output cotangents, then dpre (BT, N, D): the
+    # cotangent of the conv's output at this program's rows, and this program's partial
+    # sums of the weights' gradient (taps, N, D) float32, dw_j = sum_s dpre[s] x[s -
+    # back_j] [pos[s] >= back_j], from the taps' rows the conv reads anyway. A cotangent
+    # is either this program's rows (BT, D) of the unpadded one (blocks > 0: the length
+    # is a multiple of BT; the program one block past the end reads the last block and
+    # takes zeros), or the whole sequence (Tx, D) time-padded as x (blocks = 0).
     n_in = len(normalize)
-    douts, dpre_ref = refs[:n_in], refs[n_in]
+    douts, dpre_ref, dw_ref = refs[:n_in], refs[n_in], refs[n_in + 1]
     start = pl.program_id(1) * bt + pad
+    pos = pos_ref[pl.ds(start, bt)]
     for n in range(n_in):
         pre = _pre(x_ref, pos_ref, n, _weights(w_ref, n, taps), start, bt)
         if blocks:
@@ -106,33 +110,29 @@ def _dpre_kernel(pos_ref, x_ref, w_ref, *refs, taps, pad, bt, normalize, scale, 
                              0.0)
         else:
             dout = _rows(douts[n], start, bt)
-        dpre_ref[:, n, :] = _dpre(pre, dout, normalize[n], scale[n], eps).astype(
-            dpre_ref.dtype)
-
-
-def _bwd_kernel(pos_ref, x_ref, w_ref, dpre_ref, dx_ref, dw_ref, *, taps, pad, bt, n_in):
-    # backward pass 2: dpre (Tp + BT, N, D) float32 of one batch row and head (not
-    # padded in front); dx (BT, N, D) and this program's partial sums of the weights'
-    # gradient (taps, N, D). x[s] fed tap j of output row s + back_j where that row's
-    # document reaches back_j: dx[s] = sum_j w_j dpre[s + back_j] [pos[s + back_j] >=
-    # back_j], dw_j = sum_s dpre[s] x[s - back_j] [pos[s] >= back_j]
-    row = pl.program_id(1) * bt
-    pos = pos_ref[pl.ds(row + pad, bt)]
-    for n in range(n_in):
-        w = _weights(w_ref, n, taps)
-        here = _rows(dpre_ref, row, bt, n)
-        dx = jnp.zeros(here.shape, jnp.float32)
+        dpre = _dpre(pre, dout, normalize[n], scale[n], eps)
+        dpre_ref[:, n, :] = dpre.astype(dpre_ref.dtype)
         for j in range(taps):
             back = taps - 1 - j
-            if back == 0:
-                dx = dx + w[j][None, :] * here
-            else:
-                later = pos_ref[pl.ds(row + pad + back, bt)]
-                dp = _rows(dpre_ref, row + back, bt, n)
-                dx = dx + w[j][None, :] * jnp.where((later >= back)[:, None], dp, 0.0)
-            tap = _rows(x_ref, row + pad - back, bt, n)
-            dw_ref[j, n, :] = jnp.sum(jnp.where((pos >= back)[:, None], here, 0.0) * tap,
+            tap = _rows(x_ref, start - back, bt, n)
+            dw_ref[j, n, :] = jnp.sum(jnp.where((pos >= back)[:, None], dpre, 0.0) * tap,
                                       axis=0)
+
+
+def _bwd_kernel(pos_ref, w_ref, dpre_ref, dx_ref, *, taps, pad, bt, n_in):
+    # backward pass 2: dpre (Tp + BT, N, D) of one batch row and head (not padded in
+    # front); dx (BT, N, D). x[s] fed tap j of output row s + back_j where that row's
+    # document reaches back_j: dx[s] = sum_j w_j dpre[s + back_j] [pos[s + back_j] >=
+    # back_j]
+    row = pl.program_id(1) * bt
+    for n in range(n_in):
+        w = _weights(w_ref, n, taps)
+        dx = w[taps - 1][None, :] * _rows(dpre_ref, row, bt, n)  # back 0: its own row
+        for j in range(taps - 1):
+            back = taps - 1 - j
+            later = pos_ref[pl.ds(row + pad + back, bt)]
+            dp = _rows(dpre_ref, row + back, bt, n)
+            dx = dx + w[j][None, :] * jnp.where((later >= back)[:, None], dp, 0.0)
         dx_ref[:, n, :] = dx.astype(dx_ref.dtype)
 
 
@@ -215,7 +215,7 @@ def _backward(xp, posp, w, lay: _Layout, douts, *, head_dim, normalize, scale, e
               num_warps, dpre_dtype):
     """(dx (B, T, N, C) in x's dtype, the padded weights' gradient (taps, N, C) float32),
     in two programs: the cotangent of the conv's output (in dpre_dtype, one row block
-    past the end, zeros there), then dx and the weights' partial gradients from it."""
+    past the end, zeros there) with the weights' partial gradients, then dx from it."""
     b, t, n_in, c, taps, bt, tp, pad = lay
     blocks = tp // bt
     xs, pos_s, rows, weights = _specs(lay, head_dim)
@@ -230,27 +230,27 @@ def _backward(xp, posp, w, lay: _Layout, douts, *, head_dim, normalize, scale, e
         douts = [d.astype(xp.dtype) for d in douts]
     else:
         douts = [_time_padded(d.astype(xp.dtype), lay) for d in douts]
-    dpre = pl.pallas_call(
+    dpre, dw = pl.pallas_call(
         functools.partial(_dpre_kernel, taps=taps, pad=pad, bt=bt, normalize=normalize,
                           scale=scale, eps=eps, blocks=dout_blocks),
         grid=(b, blocks + 1, c // head_dim),
         in_specs=[pos_s, xs, weights] + [rows] * n_in,
-        out_specs=pl.BlockSpec((None, bt, n_in, head_dim), lambda b, i, h: (b, i, 0, h)),
-        out_shape=jax.ShapeDtypeStruct((b, tp + bt, n_in, c), dpre_dtype),
-        interpret=common.interpret(), compiler_params=params,
-        name="short_conv_bwd_dpre")(posp, xp, w, *douts)
-    dx, dw = pl.pallas_call(
-        functools.partial(_bwd_kernel, taps=taps, pad=pad, bt=bt, n_in=n_in),
-        grid=(b, blocks, c // head_dim),
-        in_specs=[pos_s, xs, weights,
-                  pl.BlockSpec((None, tp + bt, n_in, head_dim), lambda b, i, h: (b, 0, 0, h))],
         out_specs=[pl.BlockSpec((None, bt, n_in, head_dim), lambda b, i, h: (b, i, 0, h)),
                    pl.BlockSpec((None, None, taps, n_in, head_dim),
                                 lambda b, i, h: (b, i, 0, 0, h))],
-        out_shape=[jax.ShapeDtypeStruct((b, tp, n_in, c), xp.dtype),
-                   jax.ShapeDtypeStruct((b, blocks, taps, n_in, c), jnp.float32)],
+        out_shape=[jax.ShapeDtypeStruct((b, tp + bt, n_in, c), dpre_dtype),
+                   jax.ShapeDtypeStruct((b, blocks + 1, taps, n_in, c), jnp.float32)],
         interpret=common.interpret(), compiler_params=params,
-        name="short_conv_bwd")(posp, xp, w, dpre)
+        name="short_conv_bwd_dpre")(posp, xp, w, *douts)
+    dx = pl.pallas_call(
+        functools.partial(_bwd_kernel, taps=taps, pad=pad, bt=bt, n_in=n_in),
+        grid=(b, blocks, c // head_dim),
+        in_specs=[pos_s, weights,
+                  pl.BlockSpec((None, tp + bt, n_in, head_dim), lambda b, i, h: (b, 0, 0, h))],
+        out_specs=pl.BlockSpec((None, bt, n_in, head_dim), lambda b, i, h: (b, i, 0, h)),
+        out_shape=jax.ShapeDtypeStruct((b, tp, n_in, c), xp.dtype),
+        interpret=common.interpret(), compiler_params=params,
+        name="short_conv_bwd")(posp, w, dpre)
     return dx[:, :lay.t], jnp.sum(dw, axis=(0, 1))
 
 
