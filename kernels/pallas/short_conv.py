@@ -47,16 +47,23 @@ def _rows(ref, start, bt, n=None):
     return ref[pl.ds(start, bt), n, :].astype(jnp.float32)
 
 
-def _pre(x_ref, pos_ref, n, w, start, bt):
-    """The conv (before SiLU) of input n at the padded rows start .. start + bt - 1,
-    float32 (BT, D): tap j reads the row back_j = taps - 1 - j earlier, where the row's
-    document reaches that far (its position >= back_j)."""
+def _taps(x_ref, pos_ref, n, taps, start, bt):
+    """What each tap of input n reads at the padded rows start .. start + bt - 1, float32
+    (BT, D) each, in tap order: tap j the row back_j = taps - 1 - j earlier where the
+    row's document reaches that far (its position >= back_j), else 0. A generator, so
+    that a caller summing them holds one read at a time (the forward's registers)."""
     pos = pos_ref[pl.ds(start, bt)]
-    pre = jnp.zeros((bt, x_ref.shape[-1]), jnp.float32)
-    for j, w_j in enumerate(w):
-        back = len(w) - 1 - j
-        tap = _rows(x_ref, start - back, bt, n)
-        pre = pre + jnp.where((pos >= back)[:, None], tap, 0.0) * w_j[None, :]
+    for j in range(taps):
+        back = taps - 1 - j
+        yield jnp.where((pos >= back)[:, None], _rows(x_ref, start - back, bt, n), 0.0)
+
+
+def _pre(taps, w):
+    """The conv (before SiLU) from _taps' reads and the taps' weights, float32 (BT, D)."""
+    pre = None
+    for tap, w_j in zip(taps, w):
+        term = tap * w_j[None, :]
+        pre = term if pre is None else pre + term
     return pre
 
 
@@ -85,7 +92,7 @@ def _fwd_kernel(pos_ref, x_ref, w_ref, *out_refs, taps, pad, bt, normalize, scal
     # (pad zero rows in front, _Layout.tx); out (BT, D) each: this program's rows
     start = pl.program_id(1) * bt + pad
     for n, out_ref in enumerate(out_refs):
-        pre = _pre(x_ref, pos_ref, n, _weights(w_ref, n, taps), start, bt)
+        pre = _pre(_taps(x_ref, pos_ref, n, taps, start, bt), _weights(w_ref, n, taps))
         out_ref[...] = _forward_values(pre, normalize[n], scale[n], eps).astype(
             out_ref.dtype)
 
@@ -102,9 +109,9 @@ def _dpre_kernel(pos_ref, x_ref, w_ref, *refs, taps, pad, bt, normalize, scale, 
     n_in = len(normalize)
     douts, dpre_ref, dw_ref = refs[:n_in], refs[n_in], refs[n_in + 1]
     start = pl.program_id(1) * bt + pad
-    pos = pos_ref[pl.ds(start, bt)]
     for n in range(n_in):
-        pre = _pre(x_ref, pos_ref, n, _weights(w_ref, n, taps), start, bt)
+        reads = list(_taps(x_ref, pos_ref, n, taps, start, bt))  # the conv's and dw's
+        pre = _pre(reads, _weights(w_ref, n, taps))
         if blocks:
             dout = jnp.where(pl.program_id(1) < blocks, douts[n][...].astype(jnp.float32),
                              0.0)
@@ -112,11 +119,8 @@ def _dpre_kernel(pos_ref, x_ref, w_ref, *refs, taps, pad, bt, normalize, scale, 
             dout = _rows(douts[n], start, bt)
         dpre = _dpre(pre, dout, normalize[n], scale[n], eps)
         dpre_ref[:, n, :] = dpre.astype(dpre_ref.dtype)
-        for j in range(taps):
-            back = taps - 1 - j
-            tap = _rows(x_ref, start - back, bt, n)
-            dw_ref[j, n, :] = jnp.sum(jnp.where((pos >= back)[:, None], dpre, 0.0) * tap,
-                                      axis=0)
+        for j, tap in enumerate(reads):  # the masked reads: dw_j's [pos[s] >= back_j]
+            dw_ref[j, n, :] = jnp.sum(dpre * tap, axis=0)
 
 
 def _bwd_kernel(pos_ref, w_ref, dpre_ref, dx_ref, *, taps, pad, bt, n_in):
