@@ -346,13 +346,16 @@ def niah_tasks_table(best: dict) -> str:
     return md_table(["mixer", "size", "setting", "lr"] + [h for _, _, h in columns], table)
 
 
-def niah_grid_table(record: dict) -> str:
-    """Depth x length exact-match table of one NIAH record (metrics['grid'])."""
-    grid = record["metrics"].get("grid", {})
-    lengths = sorted({int(c["length"]) for c in grid.get("cells", [])})
-    depths = sorted({float(c["depth"]) for c in grid.get("cells", [])})
-    val = {(int(c["length"]), float(c["depth"])): c["exact"] for c in grid.get("cells", [])}
-    rows = [[f"{d:.2f}"] + [val.get((n, d)) for n in lengths] for d in depths]
+def niah_grid_table(records: Sequence[dict]) -> str:
+    """Depth x length exact-match table of one grid cell's runs (metrics['grid']): each
+    cell the mean over the runs (seeds), so one failed seed shows as the drop it is."""
+    vals: dict[tuple[int, float], list] = {}
+    for record in records:
+        for c in record["metrics"].get("grid", {}).get("cells", []):
+            vals.setdefault((int(c["length"]), float(c["depth"])), []).append(c["exact"])
+    lengths = sorted({n for n, _ in vals})
+    depths = sorted({d for _, d in vals})
+    rows = [[f"{d:.2f}"] + [_mean(vals.get((n, d), [])) for n in lengths] for d in depths]
     return md_table(["depth \\ length"] + [str(n) for n in lengths], rows)
 
 
@@ -436,7 +439,8 @@ def markdown(records: list[dict], *, title: str, settings_order: Sequence[str] =
             for key, b in sorted(best.items()):
                 if key[0] == "niah":
                     parts += ["", f"### {key[2]} {key[3]} (lr {b['lr']:g}): exact match "
-                              "by depth x length", "", niah_grid_table(b["records"][0])]
+                              f"by depth x length, mean over {len(b['records'])} runs", "",
+                              niah_grid_table(b["records"])]
         elif task == "speed":
             parts += ["## Speed", "", speed_table(records)]
     if failed:

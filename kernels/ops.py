@@ -64,7 +64,8 @@ def _resolve_impl(impl, op, dtype):
 
 # The Pallas entry points' settings (everything else they take is an array or None).
 _PALLAS_STATIC = ("return_state", "chunk_size", "tuning", "normalize", "eps", "variant",
-                  "fused_prep", "head_dim", "scale", "block_t", "num_warps")
+                  "fused_prep", "head_dim", "scale", "block_t", "num_warps",
+                  "dpre_dtype")
 
 
 @functools.cache
@@ -357,6 +358,11 @@ def _gated_delta_jax(q, k, v, log_alpha, beta, segment_ids, initial_state, form,
 # spills for sm_90 (scripts/bench_short_conv.py, scripts/triton_spills.py).
 _CONV_BLOCK_T = 16
 _CONV_WARPS = 4
+# Its backward stores the conv output's cotangent in x's dtype (bf16 in training): half
+# the bytes of the backward's largest array, 1.17x faster forward + backward than a
+# float32 store at B4 T8192 d1024, with dx / dw within bf16 rounding of it (session 38,
+# docs/benchmarks.md).
+_CONV_DPRE_DTYPE = "input"
 
 
 def conv_silu_norm_fused(conv_impl: str, impl, dtype, head_dim: int, taps: int) -> bool:
@@ -383,4 +389,4 @@ def conv_silu_norm(x, kernel, positions, *, head_dim: int, normalize, scale,
     return _jitted_pallas(_pallas_module().conv_silu_norm)(
         x, kernel, positions, head_dim=head_dim, normalize=tuple(normalize),
         scale=tuple(float(s) for s in scale), eps=float(eps), block_t=_CONV_BLOCK_T,
-        num_warps=_CONV_WARPS)
+        num_warps=_CONV_WARPS, dpre_dtype=_CONV_DPRE_DTYPE)

@@ -127,3 +127,21 @@ def test_scatter_has_numbers_and_bytes_axes_error_bars_and_panel_references(
     assert [tuple(map(tuple, s)) for s in segs] == [((1e3, 0.4), (1e3, 0.6)),
                                                     ((4e3, 0.9), (4e3, 0.9))]
     assert not main[1].containers  # no interval on that panel: a plain line
+
+
+def test_niah_grid_table_is_the_mean_over_seeds():
+    """One failed seed among three shows in the depth x length table as a third of the
+    cell, not as whichever seed happened to be listed first."""
+    def rec(seed, exact):
+        cells = [{"length": n, "depth": d, "exact": exact} for n in (512, 1024)
+                 for d in (0.0, 0.5)]
+        cells[0] = {**cells[0], "exact": exact / 2}
+        return {"task": "niah", "setting": "L512", "mixer": "m", "size": "d8", "lr": 1e-3,
+                "seed": seed, "metrics": {"exact": exact, "grid": {"cells": cells}}}
+
+    recs = [rec(0, 0.0), rec(1, 1.0), rec(2, 1.0)]
+    lines = report.niah_grid_table(recs).splitlines()
+    assert lines[0].split(" | ")[1:] == ["512", "1024 |"]
+    assert lines[2].startswith("| 0.00 | 0.333 | 0.667 |")
+    assert lines[3].startswith("| 0.50 | 0.667 | 0.667 |")
+    assert "mean over 3 runs" in report.markdown(recs, title="t")
