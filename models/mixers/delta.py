@@ -50,9 +50,9 @@ class _DeltaRule(RecurrentMixer):
         """The projections of width H taken from x: beta's (and the decay's, gated)."""
         return [self.b_proj]
 
-    def _gate_projection(self):
-        """[the output gate's projection] where there is one (made with q, k, v)."""
-        return []
+    def _gate(self, x):
+        """The output gate's projection of x (B, T, H * K), or None without a gate."""
+        return None
 
     def _log_alpha(self, heads):
         """log a (B, T, H) float32 from the _head_projections' outputs (each (B, T, H))."""
@@ -62,14 +62,14 @@ class _DeltaRule(RecurrentMixer):
         b, t, _ = x.shape
         h, d = self.num_heads, self.head_dim
         convs = (self.q_conv, self.k_conv, self.v_conv)
-        # q, k, v (and the output gate's projection, gated) through one matmul and q, k, v
-        # through one conv (stacked_dense / stacked_short_conv): the same values as one
-        # of each per input, with a fraction of the small ops (most of a small model's
-        # step on the CPU; docs/benchmarks.md).
-        projections = [self.q_proj, self.k_proj, self.v_proj] + self._gate_projection()
-        stacked = stacked_dense(projections, x)
-        qkv = stacked[:, :, :3]
-        gate = stacked[:, :, 3] if len(projections) > 3 else None
+        # q, k, v through one matmul and one conv (stacked_dense / conv_silu_norm): the
+        # same values as one of each per input, with a fraction of the small ops (most of
+        # a small model's step on the CPU; docs/benchmarks.md). The output gate's
+        # projection is its own matmul: stacked with q, k, v, its cotangent and the conv's
+        # would be copied into one (B, T, 4, C) array for x's gradient; apart, the two
+        # matmuls' cotangents of x just add.
+        qkv = stacked_dense([self.q_proj, self.k_proj, self.v_proj], x)
+        gate = self._gate(x)
         state = (None if conv_state is None
                  else jnp.stack([conv_state[n] for n in "qkv"], axis=2))
         # training (no conv state): on a GPU one fused kernel (model.conv_impl)
@@ -124,8 +124,8 @@ class GatedDeltaNet(_DeltaRule):
     def _head_projections(self):
         return [self.b_proj, self.a_proj]
 
-    def _gate_projection(self):
-        return [self.g_proj]
+    def _gate(self, x):
+        return self.g_proj(x)
 
     def _log_alpha(self, heads):
         a = heads[1] + self.dt_bias[...].astype(jnp.float32)
