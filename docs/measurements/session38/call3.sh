@@ -9,4 +9,4 @@ PYTHONPATH=/tmp/site:. python scripts/mixer_speed.py --docs 1 --mixers softmax,g
   --shapes 4x8192x1024x8,4x2048x1024x8 --profile gated_deltanet --out $OUT/mixer.json 2>&1 \
   | grep -v Warning | tail -70 | tee $OUT/mixer_speed.txt
 mkdir -p runs/whl && cp .whl/*.whl runs/whl/
-bash sweeps/h200_sweeps.sh "0 niah_ruler configs/compare_niah.py:ruler 250 480 --only=__based__ --config.overrides.data.files=.jobs/input.txt --yes"
+bash sweeps/h200_sweeps.sh "0 niah_ruler configs/compare_niah.py:ruler 230 400 --only=__based__ --config.overrides.data.files=.jobs/input.txt --yes"
