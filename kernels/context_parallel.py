@@ -218,17 +218,18 @@ def halo(x, width: int, fill, axis: int = 1):
 
 def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None, segment_ids=None,
                      initial_state=None, return_state=False, impl="auto", chunk_size=64,
-                     pallas_tuning=None, mesh=None):
+                     pallas_tuning=None, mesh=None, taylor_qk=None):
     """kernels.ops.linear_attention, split along time over the `sequence` mesh axis
     (module docstring); the same arguments and results. mesh: the mesh to split over
-    (None: the sequence_mesh context's)."""
+    (None: the sequence_mesh context's). taylor_qk reaches the op where nothing is split
+    (the split pieces run on the features alone, which is exact)."""
     call = functools.partial(ops.linear_attention, normalize=normalize, eps=eps,
                              impl=impl, chunk_size=chunk_size, pallas_tuning=pallas_tuning)
     t = q.shape[1]
     mesh = _split_mesh(mesh, t)
     if mesh is None:
         res = call(q, k, v, log_decay=log_decay, segment_ids=segment_ids,
-                   initial_state=initial_state, return_state=True)
+                   initial_state=initial_state, return_state=True, taylor_qk=taylor_qk)
         return res if return_state else res[0]
     b, _, h, f = q.shape
     dv = v.shape[-1]

@@ -188,7 +188,7 @@ def _check_state(op, name, x, shape):
 
 def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None, segment_ids=None,
                      initial_state=None, return_state=False, impl="auto", chunk_size=64,
-                     pallas_tuning=None):
+                     pallas_tuning=None, taylor_qk=None):
     """Causal (decayed) linear attention; q and k are already feature-mapped.
 
     S_t = exp(g_t) S_{t-1} + k_t v_t^T,  z_t = exp(g_t) z_{t-1} + k_t,
@@ -197,9 +197,22 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None, segme
     State: S (B,H,F,Dv) float32, or (S, z) with z (B,H,F) when normalize=True.
     Returns o (B,T,H,Dv) in the input dtype, or (o, state) with return_state=True.
     pallas_tuning: a kernels.pallas.Tuning for the Pallas kernels (None: their default).
+    taylor_qk: None, or (x_q, x_k) (B,T,H,d) where q, k are their Taylor features
+    (models.feature_maps.taylor / taylor_symmetric) and there is no decay: the Pallas
+    path then forms its in-chunk scores from them (kernels.pallas.linear); the other
+    forms, exact with the features alone, do not read it.
     """
     op = "linear_attention"
     _check_linear_inputs(op, q, k, v)
+    if taylor_qk is not None:
+        if log_decay is not None:
+            raise ValueError(f"{op}: taylor_qk is for undecayed Taylor features; got a "
+                             f"log_decay")
+        for name, x in zip(("x_q", "x_k"), taylor_qk):
+            if jnp.ndim(x) != 4 or jnp.shape(x)[:3] != q.shape[:3]:
+                raise ValueError(f"{op}: taylor_qk's {name} must be (batch, time, heads, "
+                                 f"dim) with q's first three {q.shape[:3]}, got "
+                                 f"{jnp.shape(x)}")
     _check_segments(op, segment_ids, q.shape[:2])
     _check_chunk_size(op, chunk_size)
     b, t, h, f = q.shape
@@ -235,7 +248,8 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None, segme
                                   eps=eps, log_decay=decay_as_given,
                                   initial_state=initial_state, return_state=True,
                                   chunk_size=chunk_size,
-                                  **_pallas_kwargs(pallas_tuning, segment_ids))
+                                  **_pallas_kwargs(pallas_tuning, segment_ids),
+                                  **({} if taylor_qk is None else {"taylor_qk": taylor_qk}))
     else:
         res = pure_jax(resolved)
     return res if return_state else res[0]

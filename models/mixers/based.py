@@ -42,7 +42,18 @@ class TaylorLinearAttention(FeatureMapAttention):
         return fm.taylor_symmetric_dim(cfg.based_feature_dim)
 
     def _phi(self, x, *, query: bool):
-        return fm.taylor_symmetric(x * self.qk_dim ** -0.25)
+        return fm.taylor_symmetric(self._scaled(x))
+
+    def _scaled(self, x):
+        return x * self.qk_dim ** -0.25
+
+    def _mapped(self, pre):
+        # with the features, the scaled q, k they are made of: the op's Pallas path forms
+        # its in-chunk scores from these 16 numbers a token rather than from 153 features
+        inputs = super()._mapped(pre)
+        inputs["taylor_qk"] = tuple(self._scaled(pre[n]).astype(pre["v"].dtype)
+                                    for n in "qk")
+        return inputs
 
 
 @register(BASED)

@@ -140,7 +140,8 @@ class FeatureMapAttention(RecurrentMixer):
         return context_parallel.linear_attention(
             inputs["q"], inputs["k"], inputs["v"], normalize=self.normalize,
             eps=self.denominator_eps, segment_ids=segment_ids, initial_state=initial_state,
-            return_state=return_state, impl=impl, chunk_size=self.cfg.chunk_size)
+            return_state=return_state, impl=impl, chunk_size=self.cfg.chunk_size,
+            taylor_qk=inputs.get("taylor_qk"))
 
     # --- attention weights --------------------------------------------------------------
     @classmethod
