@@ -167,7 +167,7 @@ def get_config(arg: str = ""):
                 + [_mixer(m, m) for m in MIXERS if m != mixers.SOFTMAX])
     c.sizes = [{"name": "d256", "overrides": {}}]
     c.lrs = [1e-3]
-    c.seeds = [0]
+    c.seeds = (0,)
     # lengths 1x..8x the training length, 6 depths in [0, 1]; both needle kinds
     c.eval = {"niah": {"length_multiples": (1, 2, 4, 8), "num_depths": 6,
                        "num_examples": 32, "batch_size": 8},
@@ -182,7 +182,7 @@ def get_config(arg: str = ""):
         # 96: the shortest length every task fits (mv's 4 x 7 answer digits and as many
         # needles; mk3's 21-token needles)
         _tiny(c, "configs/compare_niah.py:train_ruler_synthetic", 96, tuple(RULER_NEEDLES))
-        c.seeds = [0]
+        c.seeds = (0,)
     elif arg:
         raise ValueError(f"compare_niah: unknown variant {arg!r}; use '', 'tiny', 'ruler', "
                          "'ruler_tiny', 'train', 'train_synthetic', 'train_ruler' or "
@@ -195,7 +195,7 @@ def ruler(c):
     EXAMPLES_PER_LENGTH_DEPTH examples per (length, depth), over 3 seeds."""
     c.title = "Needle in a haystack with RULER's needles: exact match"
     c.base_config = "configs/compare_niah.py:train_ruler"
-    c.seeds = [0, 1, 2]
+    c.seeds = (0, 1, 2)  # a tuple: --config.seeds="(3, 4, 5)" re-runs with new seeds
     # a cell's seeds train as one population (training.population, members vmapped):
     # an 8-layer d256 model at length 512 leaves most of an H200 idle
     c.population = True
