@@ -96,11 +96,10 @@ def _call_pallas(name, fallback, *args, **kwargs):
         return fallback()
 
 
-def _pallas_kwargs(pallas_tuning, segment_ids):
-    """The Pallas entry points' optional arguments, passed only when set (any module
-    with the two entry points' plain signatures serves where neither is)."""
-    kwargs = {} if pallas_tuning is None else {"tuning": pallas_tuning}
-    return kwargs if segment_ids is None else {**kwargs, "segment_ids": segment_ids}
+def _pallas_kwargs(**optional):
+    """The Pallas entry points' optional arguments, passed only when set (not None; any
+    module with the entry points' plain signatures serves where none is)."""
+    return {name: value for name, value in optional.items() if value is not None}
 
 
 # Head dims the Pallas kernels tile (powers of two, 16 to 256). Other dims are zero-padded
@@ -248,8 +247,9 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None, segme
                                   eps=eps, log_decay=decay_as_given,
                                   initial_state=initial_state, return_state=True,
                                   chunk_size=chunk_size,
-                                  **_pallas_kwargs(pallas_tuning, segment_ids),
-                                  **({} if taylor_qk is None else {"taylor_qk": taylor_qk}))
+                                  **_pallas_kwargs(tuning=pallas_tuning,
+                                                   segment_ids=segment_ids,
+                                                   taylor_qk=taylor_qk))
     else:
         res = pure_jax(resolved)
     return res if return_state else res[0]
@@ -338,7 +338,8 @@ def gated_delta_rule(q, k, v, log_alpha, beta, *, segment_ids=None, initial_stat
         res = _call_pallas_padded("gated_delta_rule", fallback, q, k, v, log_alpha, beta,
                                   initial_state=initial_state, return_state=True,
                                   chunk_size=chunk_size,
-                                  **_pallas_kwargs(pallas_tuning, segment_ids))
+                                  **_pallas_kwargs(tuning=pallas_tuning,
+                                                   segment_ids=segment_ids))
     else:
         res = pure_jax(resolved)
     return res if return_state else res[0]
