@@ -11,8 +11,10 @@ for a member that diverged or a population that failed), measured on its member'
 workdir exactly as sweeps.runner measures a separate run's (sweeps.tasks), plus
 `member_dir` and `population` (the cell and its member count), so results.jsonl, the
 tables, the plots and publishing read a population sweep as they read any other.
-`train_wall_s` of a member is its population's wall time, shared by `population.members`
-runs.
+`train_wall_s` of a member is its population's wall time in this invocation, shared by
+`population.members` runs; a population that resumed its members from step N > 0 (an
+earlier invocation stopped it) records `resumed_from_step` N, so a member trained in a
+population of three and evaluated after a resume reads as such, not as a short run.
 
 Stopping and resuming, as sweeps.runner does for a run: SIGINT/SIGTERM to the sweep is
 passed to the population in progress (a subprocess through runner's child guard, or
@@ -101,15 +103,6 @@ def member_dir(workdir: str, run: Mapping) -> pathlib.Path:
     return pathlib.Path(workdir) / cell_name(run) / member_name(run["lr"], run["seed"])
 
 
-def saved_step(path: pathlib.Path) -> int:
-    """The newest step folder in a member's checkpoints/ (0: none yet), read from the
-    folder names alone (a damaged newest step is set aside by the population)."""
-    ckpts = path / "checkpoints"
-    steps = [int(p.name) for p in ckpts.iterdir() if p.is_dir() and p.name.isdigit()] \
-        if ckpts.is_dir() else []
-    return max(steps, default=0)
-
-
 def groups(cell_runs: list[dict], workdir: str, max_members: int = 0) -> list[list[dict]]:
     """The populations to train for one cell's unfinished runs: the members at one saved
     step together (largest step first), each group split into lrs x seeds products
@@ -120,7 +113,7 @@ def groups(cell_runs: list[dict], workdir: str, max_members: int = 0) -> list[li
     in a GPU's memory trains as populations one after another."""
     by_step: dict[int, list[dict]] = {}
     for r in cell_runs:
-        by_step.setdefault(saved_step(member_dir(workdir, r)), []).append(r)
+        by_step.setdefault(tasks.saved_step(member_dir(workdir, r)), []).append(r)
     out = []
     for step in sorted(by_step, reverse=True):
         rs = by_step[step]
@@ -202,13 +195,15 @@ def diverged(cell_dir: str) -> dict[str, int]:
 
 
 def measure(cfg: Mapping, run: Mapping, workdir: str, train_wall: float, members: int,
-            started: float) -> dict[str, Any]:
+            started: float, resumed_from_step: int = 0) -> dict[str, Any]:
     """A member's record: what sweeps.runner.do_run records for a separate run (the
-    task's metrics, loss curve, best val loss, tokens/s, the grid fields), measured on
-    the member's workdir; plus member_dir and population."""
+    task's metrics, loss curve, best val loss, tokens/s, the grid fields, the step its
+    training resumed from), measured on the member's workdir; plus member_dir and
+    population."""
     task = cfg["task"]
     mdir = member_dir(workdir, run)
-    rec = tasks.trained_record(task, str(mdir), dict(cfg.get("eval") or {}), train_wall)
+    rec = tasks.trained_record(task, str(mdir), dict(cfg.get("eval") or {}), train_wall,
+                               resumed_from_step)
     tasks.with_run_fields(rec, run, task, time.time() - started)
     rec.update({"member_dir": os.path.relpath(mdir, workdir),
                 "population": {"cell": cell_name(run), "members": members}})
@@ -301,6 +296,7 @@ def _run_group(cfg, cell, members, workdir, python, log, done, keep_record,
     os.makedirs(cell_dir, exist_ok=True)
     lrs = list(dict.fromkeys(r["lr"] for r in members))
     seeds = list(dict.fromkeys(r["seed"] for r in members))
+    start_step = tasks.saved_step(member_dir(workdir, members[0]))  # groups(): shared
     t0 = time.time()
     log(f"sweep: population {cell['name']}: {len(lrs)} lrs x {len(seeds)} seeds")
     try:
@@ -333,7 +329,7 @@ def _run_group(cfg, cell, members, workdir, python, log, done, keep_record,
                 raise RuntimeError(f"loss or parameters non-finite at step {gone[name]} "
                                    f"(population member {cell['name']}/{name}, frozen "
                                    "there)")
-            rec = measure(cfg, r, workdir, train_wall, len(members), t0)
+            rec = measure(cfg, r, workdir, train_wall, len(members), t0, start_step)
         except Exception as e:  # noqa: BLE001
             keep_record(run_dir, "failed.json", {"error": f"{type(e).__name__}: {e}"})
             log(f"sweep: {r['name']} FAILED: {type(e).__name__}: {str(e)[:300]}")

@@ -212,12 +212,13 @@ def do_run(cfg: Mapping, run: Mapping, workdir: str, python: str, deadline: floa
     if task == "speed":
         rec = tasks.run_speed(cfg, run, deadline, log)
     else:
+        start_step = tasks.saved_step(run_dir)
         if cfg.get("runner", "subprocess") == "inprocess":
             train_inprocess(cfg, run, run_dir)
         else:
             train_subprocess(cfg, run, run_dir, python)
         rec = tasks.trained_record(task, run_dir, dict(cfg.get("eval") or {}),
-                                   time.time() - t0)
+                                   time.time() - t0, start_step)
     return tasks.with_run_fields(rec, run, task, time.time() - t0)
 
 

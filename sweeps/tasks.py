@@ -102,10 +102,23 @@ def evaluate_run(task: str, run_dir: str, ecfg: Mapping[str, Any]) -> dict[str, 
             "layers": cfg_get(config, "model.num_layers")}
 
 
+def saved_step(run_dir) -> int:
+    """The newest step folder in a train.py workdir's checkpoints/ (0: none yet), read
+    from the folder names alone (a damaged newest step is set aside when training
+    resumes)."""
+    ckpts = pathlib.Path(run_dir) / "checkpoints"
+    steps = [int(p.name) for p in ckpts.iterdir() if p.is_dir() and p.name.isdigit()] \
+        if ckpts.is_dir() else []
+    return max(steps, default=0)
+
+
 def trained_record(task: str, run_dir: str, ecfg: Mapping[str, Any],
-                   train_wall: float) -> dict[str, Any]:
+                   train_wall: float, resumed_from_step: int = 0) -> dict[str, Any]:
     """evaluate_run's record of a trained run, with what its training log says: the loss
-    curve and best validation loss (when it evaluated), its tokens/s, and train_wall (s)."""
+    curve and best validation loss (when it evaluated), its tokens/s, train_wall (s: this
+    invocation's training, so only what was left of a resumed run) and
+    resumed_from_step (the step this invocation's training started from; 0: the whole
+    run trained in it)."""
     rec = evaluate_run(task, run_dir, ecfg)
     logged = read_train_log(run_dir)
     if "curve" in logged:
@@ -113,6 +126,7 @@ def trained_record(task: str, run_dir: str, ecfg: Mapping[str, Any],
         rec["metrics"]["best_val_loss"] = logged["best_val_loss"]
     rec["tokens_per_s"] = logged.get("tokens_per_s")
     rec["train_wall_s"] = train_wall
+    rec["resumed_from_step"] = int(resumed_from_step)
     return rec
 
 

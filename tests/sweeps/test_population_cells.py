@@ -57,6 +57,7 @@ def test_population_records_equal_the_separate_runs(mqar_sweep, population_sweep
     _, sep_dir, sep_records, _ = mqar_sweep
     _, pop_dir, pop_records = population_sweep
     assert [r["run"] for r in pop_records] == [r["run"] for r in sep_records]
+    assert {r["resumed_from_step"] for r in pop_records + sep_records} == {0}
     for sep, pop in zip(sep_records, pop_records):
         _same_record(sep, pop)
         # the member trained where the record says, in its cell's population
@@ -223,6 +224,42 @@ def test_a_population_out_of_memory_is_tried_again_as_two_halves(tmp_path, monke
     run(cell["runs"])
     assert tried == [12] and len(records) == 12
     assert set(records.values()) == {"failed.json"}
+
+
+def test_a_resumed_population_records_the_step_its_members_resumed_from(tmp_path,
+                                                                       monkeypatch):
+    """Members trained by an earlier invocation up to a checkpoint and finished by this
+    one are recorded with resumed_from_step (their train_wall_s is only this
+    invocation's); members trained whole here record 0. Members at different steps train
+    as separate populations, each recording its own step."""
+    from sweeps import grid, populations, tasks
+
+    cfg = dict(load_compare_config("compare_mqar_zoology", "paper"), runner="inprocess")
+    cell = populations.cells(grid.expand_grid(cfg), cfg)[0]
+    lr = cell["runs"][0]["lr"]
+    runs = [r for r in cell["runs"] if r["lr"] == lr]  # one lr, its seeds
+    assert len(runs) >= 2
+    for r in runs[1:]:  # an earlier invocation saved these at step 150 (and 50)
+        for step in (50, 150):
+            (populations.member_dir(str(tmp_path), r) / "checkpoints" / str(step)).mkdir(
+                parents=True)
+    assert tasks.saved_step(populations.member_dir(str(tmp_path), runs[0])) == 0
+    assert tasks.saved_step(populations.member_dir(str(tmp_path), runs[1])) == 150
+
+    recorded, trained = {}, []
+    monkeypatch.setattr(populations, "train_inprocess",
+                        lambda cfg, overrides, cell_dir, lrs, seeds: trained.append(seeds))
+    monkeypatch.setattr(
+        populations, "measure",
+        lambda cfg, run, workdir, wall, members, started, resumed_from_step=0: recorded
+        .update({run["seed"]: (resumed_from_step, members)}) or {"metrics": {}})
+    populations.run_cells(cfg, runs, str(tmp_path), python="python", deadline=None,
+                          max_wall_s=0, log=lambda line: None, done=lambda r: None,
+                          keep_record=lambda d, name, rec: None,
+                          write_outputs=lambda: None)
+    later = [r["seed"] for r in runs[1:]]
+    assert trained == [later, [runs[0]["seed"]]]  # the furthest members first
+    assert recorded == {**{s: (150, len(later)) for s in later}, runs[0]["seed"]: (0, 1)}
 
 
 def test_population_command_is_the_cli_with_the_cells_flags():

@@ -89,13 +89,14 @@ def test_a_signal_to_the_sweep_saves_its_run_and_the_same_command_resumes(tmp_pa
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert f"resuming from step {stopped}" in (work / RUN / "train.log").read_text()
-    assert (work / RUN / "done.json").exists()
+    assert json.loads((work / RUN / "done.json").read_text())["resumed_from_step"] == stopped
     assert "1 to run" in r.stderr.splitlines()[0]
     ref = tmp_path / "never_stopped"
     r = subprocess.run(sweep_command(ref), cwd=ROOT, env=env(), capture_output=True,
                        text=True, timeout=600)
     assert r.returncode == 0, r.stderr[-2000:]
     assert losses(work / RUN) == losses(ref / RUN)
+    assert json.loads((ref / RUN / "done.json").read_text())["resumed_from_step"] == 0
 
 
 @pytest.mark.slow
