@@ -337,7 +337,8 @@ def _run_group(cfg, cell, members, workdir, python, log, done, keep_record,
             keep_record(run_dir, "done.json", rec)
             metrics = {k: v for k, v in rec["metrics"].items()
                        if isinstance(v, (int, float))}
+            resumed = f", resumed from step {start_step}" if start_step else ""
             log(f"sweep: {r['name']} done (population of {len(members)}, "
-                f"{train_wall:.0f}s): {metrics}")
+                f"{train_wall:.0f}s{resumed}): {metrics}")
         done(r)
     return False

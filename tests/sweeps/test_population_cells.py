@@ -246,7 +246,7 @@ def test_a_resumed_population_records_the_step_its_members_resumed_from(tmp_path
     assert tasks.saved_step(populations.member_dir(str(tmp_path), runs[0])) == 0
     assert tasks.saved_step(populations.member_dir(str(tmp_path), runs[1])) == 150
 
-    recorded, trained = {}, []
+    recorded, trained, logs = {}, [], []
     monkeypatch.setattr(populations, "train_inprocess",
                         lambda cfg, overrides, cell_dir, lrs, seeds: trained.append(seeds))
     monkeypatch.setattr(
@@ -254,12 +254,15 @@ def test_a_resumed_population_records_the_step_its_members_resumed_from(tmp_path
         lambda cfg, run, workdir, wall, members, started, resumed_from_step=0: recorded
         .update({run["seed"]: (resumed_from_step, members)}) or {"metrics": {}})
     populations.run_cells(cfg, runs, str(tmp_path), python="python", deadline=None,
-                          max_wall_s=0, log=lambda line: None, done=lambda r: None,
+                          max_wall_s=0, log=logs.append, done=lambda r: None,
                           keep_record=lambda d, name, rec: None,
                           write_outputs=lambda: None)
     later = [r["seed"] for r in runs[1:]]
     assert trained == [later, [runs[0]["seed"]]]  # the furthest members first
     assert recorded == {**{s: (150, len(later)) for s in later}, runs[0]["seed"]: (0, 1)}
+    done_lines = [line for line in logs if " done (" in line]
+    assert sum("resumed from step 150" in line for line in done_lines) == len(later)
+    assert len(done_lines) == len(runs)
 
 
 def test_population_command_is_the_cli_with_the_cells_flags():
