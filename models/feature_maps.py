@@ -60,16 +60,12 @@ def taylor_symmetric(x):
     The pairs are built from slices (row i: x_i * x[i:]), not by indexing x with
     triu_indices: a gather's gradient is a scatter-add, slow on GPUs (docs/benchmarks.md,
     session 13). Same values and order as x[..., rows] * x[..., cols] for rows, cols =
-    triu_indices(d). The gradient depends on the default backend, chosen at trace time
-    as kernels.ops dispatches (a lax.platform_dependent slowed the CPU step): on CPU it
-    is written out (_taylor_symmetric_bwd), since autodiff of the slices sums ~d^2 / 2
-    zero-padded copies, which XLA's CPU compiler fuses into the projection's
-    weight-gradient transpose as one slow loop; elsewhere autodiff of the slices, the form
-    the GPU rates of record were measured with (docs/benchmarks.md, sessions 16, 30, 31).
+    triu_indices(d). The gradient is written out (_taylor_symmetric_bwd) on every
+    backend: autodiff of the slices sums ~d^2 / 2 zero-padded copies, which XLA's CPU
+    compiler fuses into one slow loop and the GPU reduces in two extra passes over the
+    features (docs/benchmarks.md, sessions 32 and 40).
     """
-    if jax.default_backend() == "cpu":
-        return _taylor_symmetric(x)
-    return _taylor_symmetric_forward(x)
+    return _taylor_symmetric(x)
 
 
 def _taylor_symmetric_forward(x):
