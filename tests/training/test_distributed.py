@@ -1,6 +1,7 @@
 """Sharded training equals one-device training: meshes over 8 simulated CPU devices, and
 two processes joined by jax.distributed on this machine."""
 import json
+import shutil
 import socket
 import subprocess
 import sys
@@ -8,7 +9,7 @@ import sys
 import pytest
 
 from tests.training.conftest import ROOT, cli_args, env, tiny_config
-from training import loop, metrics
+from training import checkpoint, loop, metrics
 
 # An MLP and sizes that divide by every mesh axis below. The default run uses softmax
 # layers only; the slow variant adds a gated DeltaNet layer, so its A_log, dt_bias and
@@ -84,3 +85,50 @@ def test_two_processes_match_one_process(tmp_path, model):
     got = {e["step"]: e["loss"] for e in metrics.read_metrics(tmp_path / "two")
            if "loss" in e}
     assert_close(got, want)
+
+
+# Issue 23: a checkpoint written on 8 devices resumes on 1 and on 4 (another mesh, the
+# parameters and optimizer state resharded by the restore) with the same later losses.
+# Written with fsdp=8 (every sharded array split 8 ways), resumed from its step 4.
+RESHARD = dict(FAST, **{"train.steps": 12, "train.checkpoint_every": 4,
+                        "train.keep_checkpoints": 3})
+RESUMES = {"1 device": (1, {}), "4 devices, data 2 x fsdp 2": (4, {"mesh.data": 2,
+                                                                   "mesh.fsdp": 2})}
+
+
+def _train_cli(model, workdir, devices, mesh):
+    r = subprocess.run(cli_args(dict(model, **mesh), workdir), cwd=ROOT, capture_output=True,
+                       text=True, timeout=600,
+                       env=env(XLA_FLAGS=f"--xla_force_host_platform_device_count={devices}"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stderr
+
+
+def _losses(workdir):
+    return {e["step"]: e["loss"] for e in metrics.read_metrics(workdir) if "loss" in e}
+
+
+@pytest.mark.parametrize("model", MODELS)
+def test_a_checkpoint_written_on_8_devices_resumes_on_1_and_4(tmp_path, model):
+    model = dict(RESHARD, **{k: v for k, v in model.items() if k not in RESHARD})
+    written = tmp_path / "eight"
+    err = _train_cli(model, written, 8, {"mesh.data": 1, "mesh.fsdp": 8})
+    assert "over 8 cpu device(s)" in err
+    want = _losses(written)
+    assert sorted(want) == list(range(1, 13))
+    for name, (devices, mesh) in RESUMES.items():
+        workdir = tmp_path / name.replace(" ", "_").replace(",", "")
+        shutil.copytree(written, workdir)
+        steps = workdir / checkpoint.CHECKPOINT_DIR
+        assert sorted(int(d.name) for d in steps.iterdir() if d.name.isdigit()) == [4, 8, 12]
+        for later in ("8", "12"):  # back to step 4, as if stopped there
+            shutil.rmtree(steps / later)
+        err = _train_cli(model, workdir, devices, mesh)
+        assert f"over {devices} cpu device(s)" in err, name
+        assert "resuming from step 4" in err, (name, err[-2000:])
+        got = _losses(workdir)
+        assert sorted(got) == sorted(want), name
+        # steps 1-4 are the written run's own lines; 5-12 were trained on the new mesh,
+        # whose reductions run in another order: float32 rounding, not bitwise
+        assert_close({s: got[s] for s in range(5, 13)}, {s: want[s] for s in range(5, 13)})
+        assert got[12] != pytest.approx(want[4], rel=1e-3)  # training went on
