@@ -59,8 +59,8 @@ def get_config(arg: str = ""):
     c.settings = [_setting(*s) for s in SETTINGS]
     c.mixers = [_mixer(m) for m in MIXERS]
     c.sizes = [_width(d) for d in WIDTHS]
-    c.lrs = list(LRS)
-    c.seeds = [0]
+    c.lrs = tuple(LRS)
+    c.seeds = (0,)
     c.eval = {"batch_size": 64, "num_batches": 16}  # 1,024 held-out examples per run
     c.train_timeout_s = 3600
     c.references = [dict(p, source=SOURCE) for p in ZOOLOGY_POINTS]
@@ -69,7 +69,7 @@ def get_config(arg: str = ""):
         c.mixers = [_mixer(m) for m in (mixers.SOFTMAX, mixers.GATED_DELTANET, mixers.BASED,
                                         mixers.LINEAR)]
         c.sizes = [_width(128)]
-        c.lrs = [1e-3]
+        c.lrs = (1e-3,)
         c.overrides.train.steps = 1500
     elif arg == "h200":  # what one H200 runs in minutes: Zoology's (256, 16) setting, the
         # recall-vs-state scatter over three widths (d128 first: the softmax check needs
@@ -85,7 +85,7 @@ def get_config(arg: str = ""):
         c.settings = [_setting(256, 16)]
         c.mixers = [_mixer(m) for m in first + [m for m in MIXERS if m not in first]]
         c.sizes = [_width(d) for d in (128, 64, 256)]
-        c.lrs = [3e-3, 1e-3, 4.6e-4]
+        c.lrs = (3e-3, 1e-3, 4.6e-4)
         c.overrides.train.update({"steps": 2000, "batch_size": 128, "precision": "bfloat16",
                                   "b2": 0.99, "eval_every": 1000, "checkpoint_every": 1000})
     elif arg == "zoology":  # issue 17's check: Zoology's layout, Hybrid([BaseConv, mixer])
@@ -99,8 +99,8 @@ def get_config(arg: str = ""):
                                         mixers.LIGHTNING, mixers.TAYLOR, mixers.SOFTMAX,
                                         mixers.GATED_DELTANET)]
         c.sizes = [_width(128)]
-        c.lrs = [1e-3, 3e-3, 1e-2]
-        c.seeds = [0, 1, 2]
+        c.lrs = (1e-3, 3e-3, 1e-2)
+        c.seeds = (0, 1, 2)
         c.overrides.train.update({"steps": 2000, "batch_size": 128, "precision": "bfloat16",
                                   "b2": 0.99, "eval_every": 1000, "checkpoint_every": 1000})
     elif arg == "tiny":  # CPU check of the sweep machinery: seconds per run
@@ -109,7 +109,7 @@ def get_config(arg: str = ""):
         c.mixers = [_mixer(mixers.SOFTMAX), _mixer(mixers.GATED_DELTANET)]
         c.sizes = [{"name": "d16",
                     "overrides": {"model.d_model": 16, "model.num_heads": 2}}]
-        c.lrs = [1e-3, 3e-2]
+        c.lrs = (1e-3, 3e-2)
         c.overrides.model.num_layers = 1
         c.overrides.data.vocab_size = 64
         c.overrides.train.steps = 3

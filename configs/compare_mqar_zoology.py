@@ -160,7 +160,7 @@ def get_config(arg: str = "paper"):
     if arg in ("tiny", "based_tiny"):  # CPU check of the machinery: seconds per run
         c.mixers = [_mixer(mixers.SOFTMAX), _mixer(mixers.GATED_DELTANET)]
         c.sizes = [{"name": "d16", "overrides": {"model.d_model": 16}}]
-        c.lrs = [1e-3, 3e-2]
+        c.lrs = (1e-3, 3e-2)
         c.population = False  # the separate runs; tests compare both
         c.runner = "inprocess"
         c.train_timeout_s = 600

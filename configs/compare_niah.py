@@ -166,7 +166,7 @@ def get_config(arg: str = ""):
                  _mixer("hybrid", mixers.GATED_DELTANET, softmax_every=8)]
                 + [_mixer(m, m) for m in MIXERS if m != mixers.SOFTMAX])
     c.sizes = [{"name": "d256", "overrides": {}}]
-    c.lrs = [1e-3]
+    c.lrs = (1e-3,)
     c.seeds = (0,)
     # lengths 1x..8x the training length, 6 depths in [0, 1]; both needle kinds
     c.eval = {"niah": {"length_multiples": (1, 2, 4, 8), "num_depths": 6,

@@ -55,8 +55,8 @@ def get_config(arg: str = ""):
                 + [_mixer(f"{m}_8L", m, 8) for m in LINEAR]
                 + [_mixer("softmax_8L", mixers.SOFTMAX, 8)])
     c.sizes = [{"name": "d384", "overrides": {}}]
-    c.lrs = [1e-3]
-    c.seeds = [0]
+    c.lrs = (1e-3,)
+    c.seeds = (0,)
     c.eval = {"batch_size": 64, "num_batches": 200}  # nanoGPT: eval_iters 200 x batch 64
     c.train_timeout_s = 3600
     if arg == "tiny":  # CPU check of the machinery: a few steps of a 1-layer model
