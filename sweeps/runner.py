@@ -231,6 +231,24 @@ def keep_record(run_dir: str, name: str, record: Mapping) -> None:
     common.write_json(os.path.join(run_dir, name), record)
 
 
+def _name_records_outside(records: Mapping[str, dict], runs: list[dict]) -> None:
+    """One stderr line for --records' records of runs this grid does not have (another
+    seed or lr, say): the tables leave them out, and the line says which axis to widen."""
+    names = {r["name"] for r in runs}
+    outside = [rec for name, rec in records.items() if name not in names]
+    if not outside:
+        return
+    seeds = sorted({rec.get("seed") for rec in outside} - {r["seed"] for r in runs},
+                   key=str)
+    lrs = sorted({rec.get("lr") for rec in outside} - {r["lr"] for r in runs}, key=str)
+    hint = "; ".join(part for part in (
+        seeds and f"seeds {', '.join(map(str, seeds))} (--config.seeds=...)",
+        lrs and f"lrs {', '.join(map(str, lrs))} (--config.lrs=...)") if part)
+    print(f"sweep: {len(outside)} of --records' records are of runs outside this grid, "
+          f"left out of the tables (e.g. {outside[0].get('run')})"
+          + (f"; the grid lacks {hint}" if hint else ""), file=sys.stderr, flush=True)
+
+
 def sweep(cfg: Mapping[str, Any], workdir: str, *, python: str = sys.executable,
           max_wall_s: float = 0.0, only: str = "", progress: bool = True,
           shard: str = "0/1", report_only: bool = False, confirm=None,
@@ -260,6 +278,7 @@ def sweep(cfg: Mapping[str, Any], workdir: str, *, python: str = sys.executable,
             if not os.path.isfile(path):
                 raise FileNotFoundError(f"--records: no file {path}")
             extra.update(outputs.records_file(path))
+        _name_records_outside(extra, full)
         return outputs.write_outputs(cfg, full, workdir, extra)
     deadline = time.time() + max_wall_s if max_wall_s else None
     todo = [r for r in mine

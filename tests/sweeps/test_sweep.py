@@ -142,6 +142,33 @@ def test_report_only_merges_other_copies_and_keeps_lines_it_drops(mqar_sweep, tm
                      records_from=(str(tmp_path / "absent.jsonl"),))
 
 
+def test_records_outside_the_grid_are_named_and_join_when_the_grid_has_them(
+        mqar_sweep, tmp_path, capsys):
+    """--records' records of another seed are left out of the tables with one line
+    naming the axis to widen; with that seed in the grid's seeds they are merged."""
+    from sweeps import runner
+
+    cfg, workdir, records, _ = mqar_sweep
+    first = dict(records[0])
+    assert first["run"].endswith(f"__s{first['seed']}")
+    new_seed = dict(first, seed=5, run=first["run"].rsplit("__s", 1)[0] + "__s5")
+    other = tmp_path / "new_seeds.jsonl"
+    other.write_text(json.dumps(new_seed) + "\n")
+    wd = tmp_path / "merge"
+    capsys.readouterr()
+    merged = runner.sweep(cfg, str(wd), only="softmax", report_only=True, progress=False,
+                          records_from=(str(other),))
+    assert merged == []
+    err = capsys.readouterr().err
+    assert ("1 of --records' records are of runs outside this grid" in err
+            and new_seed["run"] in err and "seeds 5 (--config.seeds=...)" in err)
+    wider = dict(cfg, seeds=tuple(cfg.get("seeds") or (0,)) + (5,))
+    merged = runner.sweep(wider, str(wd), only="softmax", report_only=True,
+                          progress=False, records_from=(str(other),))
+    assert merged == [new_seed]
+    assert "outside this grid" not in capsys.readouterr().err
+
+
 def test_publish_collects_a_sweep_whose_results_end_in_a_cut_line(mqar_sweep, tmp_path,
                                                                    capsys):
     """sweeps.publish on a copy of a sweep whose results.jsonl was cut mid-line (a
