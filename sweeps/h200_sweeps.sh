@@ -71,9 +71,12 @@ run_lane() {  # $1 = lane number, $2 = "GPU stage ; stage ; ..."
     fi
     local s=$(( soft > now ? soft - now : 1 ))
     echo "=== $(date -u +%T) lane $n gpu $gpu stage $name: $config soft ${s}s hard $((hard - now))s $extra" | tee -a "$log"
-    # shellcheck disable=SC2086  # $extra is a list of flags
+    # the flags split as a shell would, quotes kept together: --config.seeds="(3, 4, 5)"
+    # is one flag (xargs parses quotes and runs nothing but printf)
+    local flags=()
+    [[ -n $extra ]] && mapfile -d '' flags < <(printf '%s' "$extra" | xargs printf '%s\0')
     timeout -s TERM -k 10 $(( hard - now )) python3 -m sweeps.run --config="$config" \
-      --workdir="$W/$name" --max_wall_s="$s" --runner=inprocess $extra 2>&1 |
+      --workdir="$W/$name" --max_wall_s="$s" --runner=inprocess "${flags[@]}" 2>&1 |
       tr '\r' '\n' | grep -v -E '^\s*$|it/s\]$|s/run' >>"$log"
     echo "=== $(date -u +%T) lane $n stage $name ended (exit ${PIPESTATUS[0]})" | tee -a "$log"
   done
