@@ -12,12 +12,15 @@ from tests.training.conftest import ROOT, cli_args, env, tiny_config
 from training import checkpoint, loop, metrics
 
 # An MLP and sizes that divide by every mesh axis below. The default run uses softmax
-# layers only; the slow variant adds a gated DeltaNet layer, so its A_log, dt_bias and
-# short convolutions are sharded too.
+# layers only; the slow variants add gated DeltaNet layers (issue 23's three models:
+# softmax, gated_deltanet, a hybrid), so their A_log, dt_bias and short convolutions are
+# sharded too.
 FAST = {"model.mlp": True, "train.steps": 20, "train.checkpoint_every": 0,
         "train.eval_batches": 1}
-HYBRID = dict(FAST, **{"model.mixer": "gated_deltanet", "model.layer_pattern": "LS"})
+GDN = dict(FAST, **{"model.mixer": "gated_deltanet"})
+HYBRID = dict(GDN, **{"model.layer_pattern": "LS"})
 MODELS = [pytest.param(FAST, id="softmax"),
+          pytest.param(GDN, id="gated_deltanet", marks=pytest.mark.slow),
           pytest.param(HYBRID, id="hybrid_gdn", marks=pytest.mark.slow)]
 
 MESH_SCRIPT = """
@@ -42,6 +45,16 @@ def one_device_losses(workdir, model):
     return {e["step"]: e["loss"] for e in metrics.read_metrics(workdir) if "loss" in e}
 
 
+def tolerance(model) -> float:
+    """Losses' relative tolerance against one device: float32 rounding, since a mesh sums
+    in another order. Through a model of gated delta rule layers only it grows from one
+    ulp at step 2 to ~1e-4 by step 20 (measured: 8.5e-5 at step 19 on 8 x 1 x 1), as
+    training amplifies it; softmax and the hybrid stay within 1e-5."""
+    pure_gdn = (model.get("model.mixer") == "gated_deltanet"
+                and "model.layer_pattern" not in model)
+    return 3e-4 if pure_gdn else 1e-5
+
+
 def assert_close(got, want, rel=1e-5):
     assert sorted(got) == sorted(want)
     for step in want:
@@ -60,7 +73,7 @@ def test_meshes_over_8_devices_match_one_device(tmp_path, model):
     out = json.loads(r.stdout.split("LOSSES", 1)[1])
     assert set(out) == {"8x1x1", "4x2x1", "2x2x2"}
     for name, got in out.items():
-        assert_close({int(k): v for k, v in got.items()}, want)
+        assert_close({int(k): v for k, v in got.items()}, want, tolerance(model))
 
 
 def _free_port():
@@ -84,7 +97,7 @@ def test_two_processes_match_one_process(tmp_path, model):
     assert "over 2 cpu device(s)" in outs[0][1]  # one device per process, one global mesh
     got = {e["step"]: e["loss"] for e in metrics.read_metrics(tmp_path / "two")
            if "loss" in e}
-    assert_close(got, want)
+    assert_close(got, want, tolerance(model))
 
 
 # Issue 23: a checkpoint written on 8 devices resumes on 1 and on 4 (another mesh, the
@@ -130,5 +143,6 @@ def test_a_checkpoint_written_on_8_devices_resumes_on_1_and_4(tmp_path, model):
         assert sorted(got) == sorted(want), name
         # steps 1-4 are the written run's own lines; 5-12 were trained on the new mesh,
         # whose reductions run in another order: float32 rounding, not bitwise
-        assert_close({s: got[s] for s in range(5, 13)}, {s: want[s] for s in range(5, 13)})
+        assert_close({s: got[s] for s in range(5, 13)}, {s: want[s] for s in range(5, 13)},
+                     tolerance(model))
         assert got[12] != pytest.approx(want[4], rel=1e-3)  # training went on
