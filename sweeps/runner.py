@@ -238,9 +238,10 @@ def _name_records_outside(records: Mapping[str, dict], runs: list[dict]) -> None
     outside = [rec for name, rec in records.items() if name not in names]
     if not outside:
         return
-    seeds = sorted({rec.get("seed") for rec in outside} - {r["seed"] for r in runs},
-                   key=str)
-    lrs = sorted({rec.get("lr") for rec in outside} - {r["lr"] for r in runs}, key=str)
+    def lacking(key):  # values of `key` in those records that no grid run has
+        return sorted({rec.get(key) for rec in outside} - {r[key] for r in runs} - {None},
+                      key=str)
+    seeds, lrs = lacking("seed"), lacking("lr")
     hint = "; ".join(part for part in (
         seeds and f"seeds {', '.join(map(str, seeds))} (--config.seeds=...)",
         lrs and f"lrs {', '.join(map(str, lrs))} (--config.lrs=...)") if part)
