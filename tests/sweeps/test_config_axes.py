@@ -1,12 +1,11 @@
 """Every sweep config's lrs and seeds can be replaced from the command line, as a re-run
 with new seeds or one lr of a grid needs (`--config.seeds="(3,4,5)"`): ml_collections
 overrides tuples, not lists, so the axes must be tuples in every config and variant."""
-import sys
-
 import pytest
 
 from sweeps import grid
 from tests.conftest import ROOT
+from tests.training.conftest import config_from_command_line
 from training import config_tools
 
 SWEEPS = [("compare_mqar.py", v) for v in ("", "reduced", "h200", "zoology", "tiny")] + [
@@ -15,26 +14,15 @@ SWEEPS = [("compare_mqar.py", v) for v in ("", "reduced", "h200", "zoology", "ti
     ("compare_shakespeare.py", v) for v in ("", "tiny", "seeds")]
 
 
-def parsed(argv, monkeypatch):
-    """The config sweeps.run gets from `argv`: its precheck, then config_flags."""
-    from absl import flags
-    from ml_collections import config_flags
-
-    from sweeps import run
-    run.precheck_argv(argv)
-    monkeypatch.setattr(sys, "argv", argv)
-    fv = flags.FlagValues()
-    config_flags.DEFINE_config_file("config", None, "", flag_values=fv, lock_config=True)
-    fv(argv)
-    return config_tools.to_plain(fv.config)
-
-
 @pytest.mark.parametrize("path,variant", SWEEPS,
                          ids=[f"{p[:-3]}:{v or 'default'}" for p, v in SWEEPS])
 def test_lrs_and_seeds_are_replaced_from_the_command_line(path, variant, monkeypatch):
     config = f"{ROOT / 'configs' / path}" + (f":{variant}" if variant else "")
-    cfg = parsed(["sweeps/run.py", f"--config={config}", "--config.lrs=(0.0125,0.5)",
-                  "--config.seeds=(7,8,9)"], monkeypatch)
+    # sweeps.run parses its config as train.py does: the overrides' precheck, then
+    # config_flags
+    cfg = config_tools.to_plain(config_from_command_line(
+        ["sweeps/run.py", f"--config={config}", "--config.lrs=(0.0125,0.5)",
+         "--config.seeds=(7,8,9)"], monkeypatch))
     runs = grid.expand_grid(cfg)
     assert {r["lr"] for r in runs} == {0.0125, 0.5}
     assert {r["seed"] for r in runs} == {7, 8, 9}

@@ -7,6 +7,7 @@ import subprocess
 import sys
 
 from tests.conftest import ROOT
+from tests.training.conftest import env
 
 
 def test_quoted_flags_reach_sweeps_run_whole_and_a_bad_stage_fails_alone(tmp_path):
@@ -14,9 +15,10 @@ def test_quoted_flags_reach_sweeps_run_whole_and_a_bad_stage_fails_alone(tmp_pat
               '--config.seeds="(3, 4)" --config.title="two words" --report_only'
               ' ; bad configs/compare_mqar.py:tiny 60 120 --config.seeds=(3, --report_only'
               ' ; after configs/compare_mqar.py:tiny 60 120 --report_only')
-    env = dict(os.environ, OUT=str(tmp_path / "out"), SWEEPS_DIR=str(tmp_path / "sweeps"),
-               PATH=f"{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}")
-    r = subprocess.run(["bash", "sweeps/h200_sweeps.sh", stages], cwd=ROOT, env=env,
+    # the script runs `python3`: this interpreter's, as the test session's subprocesses
+    lane_env = env(OUT=str(tmp_path / "out"), SWEEPS_DIR=str(tmp_path / "sweeps"),
+                   PATH=f"{pathlib.Path(sys.executable).parent}:{os.environ['PATH']}")
+    r = subprocess.run(["bash", "sweeps/h200_sweeps.sh", stages], cwd=ROOT, env=lane_env,
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     log = (tmp_path / "sweeps" / "logs" / "lane0.txt").read_text()

@@ -40,9 +40,13 @@ print("LOSSES" + json.dumps(out))
 """
 
 
+def logged_losses(workdir):
+    return {e["step"]: e["loss"] for e in metrics.read_metrics(workdir) if "loss" in e}
+
+
 def one_device_losses(workdir, model):
     loop.train(tiny_config(**model), str(workdir))
-    return {e["step"]: e["loss"] for e in metrics.read_metrics(workdir) if "loss" in e}
+    return logged_losses(workdir)
 
 
 def tolerance(model) -> float:
@@ -95,8 +99,7 @@ def test_two_processes_match_one_process(tmp_path, model):
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
     assert "over 2 cpu device(s)" in outs[0][1]  # one device per process, one global mesh
-    got = {e["step"]: e["loss"] for e in metrics.read_metrics(tmp_path / "two")
-           if "loss" in e}
+    got = logged_losses(tmp_path / "two")
     assert_close(got, want, tolerance(model))
 
 
@@ -117,17 +120,13 @@ def _train_cli(model, workdir, devices, mesh):
     return r.stderr
 
 
-def _losses(workdir):
-    return {e["step"]: e["loss"] for e in metrics.read_metrics(workdir) if "loss" in e}
-
-
 @pytest.mark.parametrize("model", MODELS)
 def test_a_checkpoint_written_on_8_devices_resumes_on_1_and_4(tmp_path, model):
     model = dict(RESHARD, **{k: v for k, v in model.items() if k not in RESHARD})
     written = tmp_path / "eight"
     err = _train_cli(model, written, 8, {"mesh.data": 1, "mesh.fsdp": 8})
     assert "over 8 cpu device(s)" in err
-    want = _losses(written)
+    want = logged_losses(written)
     assert sorted(want) == list(range(1, 13))
     for name, (devices, mesh) in RESUMES.items():
         workdir = tmp_path / name.replace(" ", "_").replace(",", "")
@@ -139,7 +138,7 @@ def test_a_checkpoint_written_on_8_devices_resumes_on_1_and_4(tmp_path, model):
         err = _train_cli(model, workdir, devices, mesh)
         assert f"over {devices} cpu device(s)" in err, name
         assert "resuming from step 4" in err, (name, err[-2000:])
-        got = _losses(workdir)
+        got = logged_losses(workdir)
         assert sorted(got) == sorted(want), name
         # steps 1-4 are the written run's own lines; 5-12 were trained on the new mesh,
         # whose reductions run in another order: float32 rounding, not bitwise
