@@ -105,8 +105,7 @@ def _pallas_kwargs(**optional):
 # Head dims the Pallas kernels tile (powers of two, 16 to 256). Other dims are zero-padded
 # up to the next one for the kernel call and the outputs and state cut back: exact for
 # both ops (a zero key / query feature adds nothing to any dot product, and the padded
-# state rows and value columns stay zero). Linear attention's features are tiled by
-# kernels.pallas.linear itself (Based's 153 Taylor features as 128 + 32, not 256).
+# state rows and value columns stay zero), e.g. Based's 153 Taylor features run as 256.
 _PALLAS_DIMS = (16, 32, 64, 128, 256)
 
 
@@ -116,15 +115,13 @@ def _pallas_dim(d):
     return next((p for p in _PALLAS_DIMS if p >= d), d)
 
 
-def _call_pallas_padded(name, fallback, q, k, v, *args, initial_state, pad_keys=True,
-                        **kwargs):
+def _call_pallas_padded(name, fallback, q, k, v, *args, initial_state, **kwargs):
     """_call_pallas with the key/feature and value dims padded to tiled sizes (above);
     returns (o, state) cut back to the caller's dims. initial_state: S (B,H,F,Dv), or the
-    pair (S, z (B,H,F)) with normalize. pad_keys=False: the entry point tiles the key /
-    feature dim itself (kernels.pallas.linear.feature_groups)."""
+    pair (S, z (B,H,F)) with normalize."""
     normalize = kwargs.get("normalize", False)
     f, dv = k.shape[-1], v.shape[-1]
-    fp, dvp = (_pallas_dim(f) if pad_keys else f), _pallas_dim(dv)
+    fp, dvp = _pallas_dim(f), _pallas_dim(dv)
     if (fp, dvp) == (f, dv):
         return _call_pallas(name, fallback, q, k, v, *args, initial_state=initial_state,
                             **kwargs)
@@ -249,7 +246,7 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None, segme
         res = _call_pallas_padded("linear_attention", fallback, q, k, v, normalize=normalize,
                                   eps=eps, log_decay=decay_as_given,
                                   initial_state=initial_state, return_state=True,
-                                  chunk_size=chunk_size, pad_keys=False,
+                                  chunk_size=chunk_size,
                                   **_pallas_kwargs(tuning=pallas_tuning,
                                                    segment_ids=segment_ids,
                                                    taylor_qk=taylor_qk))

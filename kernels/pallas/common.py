@@ -103,17 +103,14 @@ def check_chunk_size(op: str, chunk_size: int):
             f"{op}: impl='pallas' needs chunk_size a power of two >= 16, got {chunk_size!r}")
 
 
-def check_inputs(op: str, q, k, v, *, segment_ids, chunk_size: int, variant: str | None,
-                 key_dims=None):
-    """The checks both Pallas entry points share; returns (variant, input dtype).
-    key_dims: the key tiles the recurrence runs (default q's last dim)."""
+def check_inputs(op: str, q, k, v, *, segment_ids, chunk_size: int, variant: str | None):
+    """The checks both Pallas entry points share; returns (variant, input dtype)."""
     if segment_ids is not None and tuple(jnp.shape(segment_ids)) != tuple(q.shape[:2]):
         raise ValueError(f"{op}: segment_ids must be (batch, time) = {tuple(q.shape[:2])}, "
                          f"got {tuple(jnp.shape(segment_ids))}")
     variant = resolve_variant(variant)
     check_chunk_size(op, chunk_size)
-    for key_dim in key_dims or [q.shape[-1]]:
-        check_head_dims(op, key_dim, v.shape[-1], variant)
+    check_head_dims(op, q.shape[-1], v.shape[-1], variant)
     dtype = jnp.result_type(q, k, v)
     if dtype not in (jnp.float32, jnp.bfloat16, jnp.float16):
         raise NotImplementedError(f"{op}: inputs must be float32/bfloat16/float16, got {dtype}")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
-from kernels.common import pad_axis
 from kernels.pallas import common, documents, plan, prep
 from kernels.pallas.recurrence import chunk_recurrence
 from kernels.pallas.tuning import DEFAULT, Tuning
@@ -49,25 +48,6 @@ def _time_normaliser_inputs(q, k, log_wq, log_wk, b, h, n, c):
         "bnchf,bhnf->bhnc", qn, z, precision=lax.Precision.HIGHEST)
 
 
-def _tile(d: int) -> int:
-    """The smallest Triton tile width (a power of two, at least 16) holding d columns."""
-    return max(16, 1 << (d - 1).bit_length())
-
-
-def feature_groups(f: int, max_tiles: int = 2) -> tuple[tuple[int, int, int], ...]:
-    """(start, stop, tile width) of the feature groups, one recurrence call each: all F
-    features in one tile, unless max_tiles allows two and two tiles cover them in fewer
-    columns, the largest power of two <= F and the tile of the rest (Based's 153 Taylor
-    features: 128 + 32 = 160 columns against 256). Zero columns are work for every matmul
-    with the state, and past 128 keys the sequential kernels also carry narrower value
-    blocks at fewer pipeline stages (kernels.pallas.plan); a second group costs one more
-    launch of each program and its in-chunk term P U on zeros."""
-    head = 1 << (f.bit_length() - 1)
-    if max_tiles >= 2 and 16 <= head < f and head + _tile(f - head) < _tile(f):
-        return (0, head, head), (head, f, _tile(f - head))
-    return ((0, f, _tile(f)),)
-
-
 def _taylor_scores(taylor_qk, b, h, n, c, tp, dtype):
     """In-chunk products of Taylor features from the inputs they are made of:
     phi(x) . phi(y) = 1 + s + s^2 / 2 with s = x . y (models.feature_maps.taylor), float32
@@ -100,11 +80,9 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None,
     if taylor_qk is not None and log_decay is not None:
         raise ValueError(f"{op}: taylor_qk is for undecayed Taylor features (Based); "
                          f"got a log_decay")
-    b, t, h, f = q.shape
-    groups = feature_groups(f, tuning.feature_tiles)
     variant, dtype = common.check_inputs(op, q, k, v, segment_ids=segment_ids,
-                                         chunk_size=chunk_size, variant=variant,
-                                         key_dims=[width for _, _, width in groups])
+                                         chunk_size=chunk_size, variant=variant)
+    b, t, h, f = q.shape
     dv = v.shape[-1]
     c = chunk_size
     n = -(-t // c)
@@ -161,23 +139,13 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None,
     s0 = (jnp.zeros((b, h, f, dv), jnp.float32) if s0 is None
           else jnp.asarray(s0, jnp.float32))
 
-    # float32 where the groups' outputs are summed (or divided by the normaliser)
-    out_dtype = jnp.float32 if normalize or len(groups) > 1 else dtype
-    docs = None if segment_ids is None else (runs, prev_run)
-    p_flat, v_flat = prep.flat(p.astype(dtype)), prep.flat(vc)
-    o, states = 0.0, []
-    for lo, hi, width in groups:
-        cfg, bounds = plan.configure(c, variant, out_dtype, width, dv, b, h, n, docs, tuning)
-        part = lambda x: pad_axis(x[..., lo:hi], width, -1)  # noqa: E731
-        s0_part = pad_axis(s0[:, :, lo:hi], width, -2).reshape(b * h, width, dv)
-        # the in-chunk term P U once, with the first group
-        o_part, st = chunk_recurrence(None, v_flat, part(q), part(k),
-                                      p_flat if lo == 0 else jnp.zeros_like(p_flat),
-                                      gcl.reshape(b * h, n, 1, 1), gam, gkey, s0_part,
-                                      bounds, cfg)
-        o = o + o_part
-        states.append(st.reshape(b, h, width, dv)[:, :, :hi - lo])
-    st = jnp.concatenate(states, axis=2)
+    out_dtype = jnp.float32 if normalize else dtype
+    cfg, bounds = plan.configure(c, variant, out_dtype, f, dv, b, h, n,
+                                 None if segment_ids is None else (runs, prev_run), tuning)
+    o, st = chunk_recurrence(None, prep.flat(vc), q, k, prep.flat(p.astype(dtype)),
+                             gcl.reshape(b * h, n, 1, 1), gam, gkey,
+                             s0.reshape(b * h, f, dv), bounds, cfg)
+    st = st.reshape(b, h, f, dv)
     if normalize:
         if taylor_qk is not None:  # no decay; gam and gkey mask packed documents
             sums = _time_normaliser_inputs(q, k, gam, gkey, b, h, n, c)
@@ -194,6 +162,6 @@ def linear_attention(q, k, v, *, normalize=True, eps=1e-6, log_decay=None,
         o = (o / (den[..., None] + eps))[:, :t].astype(dtype)
         state = (st, z)
     else:
-        o = o[:, :t].astype(dtype)
+        o = o[:, :t]
         state = st
     return (o, state) if return_state else o

@@ -54,10 +54,6 @@ class Tuning:
     # "highest" as IEEE float32 FMAs, for accuracy checks that must rule TF32 out.
     # Float32 inputs always get IEEE float32.
     solve_precision: str = "high"
-    # Linear attention's features run as at most this many power-of-two tiles, one
-    # recurrence call each (kernels.pallas.linear.feature_groups): 2 runs Based's 153
-    # Taylor features as 128 + 32 columns, 1 as one tile of 256.
-    feature_tiles: int = 2
 
     def __post_init__(self):
         counts = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)

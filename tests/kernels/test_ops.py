@@ -484,14 +484,13 @@ def test_auto_dispatches_to_pallas_on_gpu(monkeypatch, supported):
 def test_pallas_call_pads_untiled_head_dims(monkeypatch, op):
     """Head dims the kernels do not tile (F = 6, Dv = 5) reach the kernel zero-padded to
     16 and come back cut to the caller's: outputs, states (with a nonzero initial state)
-    and gradients equal the float64 references. Linear attention's features arrive as
-    they are (its kernel tiles them: kernels.pallas.linear.feature_groups)."""
+    and gradients equal the float64 references."""
     dims = []
     _fake_pallas(monkeypatch, supported=True, dims=dims)
     x = make_inputs(op, 37, segs=False, seed=11)
     check_forward(op, x, "pallas", 16)
     check_grads(op, x, 16, impls=("pallas",))
-    assert dims and set(dims) == ({(6, 16)} if op.startswith("la") else {(16, 16)})
+    assert dims and set(dims) == {(16, 16)}
     assert [ops._pallas_dim(d) for d in (6, 16, 17, 153, 256, 273)] == [16, 16, 32, 256,
                                                                          256, 273]
 
