@@ -18,7 +18,10 @@ checkpoint, split between the stages by --stage1_share (or --stage1_steps /
 of steps of the same batch (its schedule over those steps).
 
 Every run is a subprocess with its own workdir under OUT, so a killed comparison started
-again skips what finished and resumes what did not. A run that fails is recorded as
+again skips what finished and resumes what did not. SIGTERM or SIGINT (a job's time
+limit, Ctrl-C) reaches the running subprocess too, which stops by itself (a training run
+saves a checkpoint); the comparison waits for it, records it if it had finished, starts
+nothing more and exits 128 + the signal's number. A run that fails is recorded as
 failed (its log's last lines on stderr) and the comparison goes on with the next run;
 the exit status is non-zero when any failed. --parts=scratch runs (3) alone and
 --parts=convert (1) and (2); with --teacher_dir (finished teachers) each part can run in
@@ -29,8 +32,10 @@ passes overrides to the teacher's train.py run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import pathlib
+import signal
 import statistics
 import subprocess
 import sys
@@ -42,6 +47,25 @@ from eval import intervals  # noqa: E402  (the repository's modules, run as a sc
 
 class RunFailed(Exception):
     """One run (teacher, conversion or from-scratch) exited non-zero."""
+
+
+class StopRequest:
+    """The signal (SIGTERM / SIGINT) that asked the comparison to stop, or None. Its
+    handler only notes it: the wait for the running subprocess goes on (the signal
+    reached that process's group too), so a run finishing in the meantime is recorded."""
+
+    def __init__(self):
+        self.signum = None
+
+    def handle(self, signum, frame):
+        self.signum = signum
+
+    def exit_if_asked(self):
+        if self.signum is not None:
+            name = signal.Signals(self.signum).name
+            print(f"stopped by {name}: finished runs are recorded; run the same command "
+                  f"to resume", file=sys.stderr, flush=True)
+            sys.exit(128 + self.signum)
 
 
 # Lines of a failed run's log printed with its failure, so the error reaches a job's own
@@ -140,6 +164,25 @@ def main():
                    help="what to run for each (seed, mixer): convert (needs the teacher) "
                    "and/or scratch (does not, so it can run beside the teachers' training)")
     args = p.parse_args()
+    with _signals_noted() as stop:
+        _compare(args, stop)
+
+
+@contextlib.contextmanager
+def _signals_noted():
+    """A StopRequest noting SIGTERM / SIGINT while inside; the old handlers come back."""
+    stop = StopRequest()
+    previous = {sig: signal.signal(sig, stop.handle) for sig in (signal.SIGTERM,
+                                                               signal.SIGINT)}
+    try:
+        yield stop
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _compare(args, stop: StopRequest):
+    """The comparison main() parsed the arguments of (module docstring)."""
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     py = sys.executable
@@ -160,10 +203,13 @@ def main():
     def ran(cmd: list[str], **row) -> bool:
         """Runs cmd; if it fails, records row as failed and returns False, so the
         comparison goes on with the next run (a seed whose teacher failed skips its
-        conversions); the exit status reports it."""
+        conversions); the exit status reports it. Once a stop is asked for, starts
+        nothing, and a run the signal cut is not a failure (it resumes)."""
+        stop.exit_if_asked()
         try:
             _run(cmd, log)
         except RunFailed as e:
+            stop.exit_if_asked()
             failures.append(e)
             record(**row, failed=str(e))
             return False
@@ -231,6 +277,7 @@ def main():
                        steps=steps, mixer=mixer):
                     record(seed=seed, run="scratch (same tokens)", steps=steps, mixer=mixer,
                            eval_loss=_final_eval(scratch))
+    stop.exit_if_asked()
     groups: dict = {}
     for r in rows:
         if "eval_loss" in r:

@@ -75,3 +75,47 @@ def test_a_failed_run_is_recorded_and_the_comparison_goes_on(tmp_path, monkeypat
     err = capsys.readouterr().err
     assert "AttributeError: 'Based' object has no attribute" in err
     assert "earlier output of gated_deltanet" not in err  # only the failed run's lines
+
+
+@pytest.mark.parametrize("cut_rc", [0, 143])
+def test_a_stop_records_the_run_that_finished_and_starts_no_other(tmp_path, monkeypatch,
+                                                                   capsys, cut_rc):
+    """SIGTERM arrives while the second run is going (a job's time limit; the signal
+    reaches that run's process group too): the comparison waits for it and records it
+    where it finished anyway (rc 0), records no failure where the signal cut it (rc 143,
+    a training run's exit after saving a checkpoint: it resumes), starts no further run,
+    exits 128 + 15 and leaves its handlers as they were."""
+    import os
+    import signal
+    from scripts import convert_compare
+
+    started = []
+
+    def fake_call(cmd, cwd, stdout, stderr):
+        workdir = next(a.split("=", 1)[1] for a in cmd if a.startswith("--workdir="))
+        started.append(pathlib.Path(workdir).name)
+        if len(started) == 2:
+            os.kill(os.getpid(), signal.SIGTERM)   # handled while this run goes on
+            if cut_rc:
+                return cut_rc
+        pathlib.Path(workdir).mkdir(parents=True)
+        (pathlib.Path(workdir) / "metrics.jsonl").write_text(
+            json.dumps({"step": 2, "eval_loss": 1.5}) + "\n")
+        return 0
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(subprocess, "call", fake_call)
+    monkeypatch.setattr(sys, "argv", [
+        "convert_compare.py", f"--out={tmp_path}", "--data=unused.txt", "--seeds=0,1",
+        "--mixers=based,gated_deltanet", "--parts=scratch", "--stage1_steps=1",
+        "--stage2_steps=1"])
+    with pytest.raises(SystemExit) as exit_info:
+        convert_compare.main()
+    assert exit_info.value.code == 128 + signal.SIGTERM
+    assert started == ["scratch_based_seed0", "scratch_gated_deltanet_seed0"]
+    rows = json.loads((tmp_path / "results.json").read_text())
+    assert not [r for r in rows if "failed" in r]
+    done = [(r["seed"], r["mixer"]) for r in rows if "eval_loss" in r]
+    assert done == [(0, "based")] + ([] if cut_rc else [(0, "gated_deltanet")])
+    assert "stopped by SIGTERM" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGTERM) is before
