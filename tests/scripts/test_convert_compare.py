@@ -39,12 +39,32 @@ def test_table_interval_is_the_t_interval_at_any_count():
     assert _interval([1.4697]) == "1.4697"  # one value: no interval
 
 
+def finished_run(workdir: str) -> int:
+    """What a fake subprocess leaves of a finished from-scratch run: its final eval."""
+    pathlib.Path(workdir).mkdir(parents=True)
+    (pathlib.Path(workdir) / "metrics.jsonl").write_text(
+        json.dumps({"step": 2, "eval_loss": 1.5}) + "\n")
+    return 0
+
+
+def run_scratch_comparison(monkeypatch, out, fake_call):
+    """convert_compare.main's from-scratch part, seeds 0-1 x (based, gated_deltanet),
+    each run by fake_call(cmd, cwd, stdout, stderr) -> exit status; its SystemExit."""
+    from scripts import convert_compare
+    monkeypatch.setattr(subprocess, "call", fake_call)
+    monkeypatch.setattr(sys, "argv", [
+        "convert_compare.py", f"--out={out}", "--data=unused.txt", "--seeds=0,1",
+        "--mixers=based,gated_deltanet", "--parts=scratch", "--stage1_steps=1",
+        "--stage2_steps=1"])
+    with pytest.raises(SystemExit) as exit_info:
+        convert_compare.main()
+    return exit_info
+
+
 def test_a_failed_run_is_recorded_and_the_comparison_goes_on(tmp_path, monkeypatch, capsys):
     """One mixer's runs fail: the other mixer's runs of every seed still run and are
     recorded, the failures are recorded as such (no eval loss), the failed run's own log
     lines reach stderr, and the exit status says how many failed."""
-    from scripts import convert_compare
-
     log_lines = {"based": "Traceback ...\nAttributeError: 'Based' object has no attribute"}
 
     def fake_call(cmd, cwd, stdout, stderr):
@@ -54,18 +74,9 @@ def test_a_failed_run_is_recorded_and_the_comparison_goes_on(tmp_path, monkeypat
         if mixer in log_lines:
             stdout.write(log_lines[mixer] + "\n")
             return 1
-        pathlib.Path(workdir).mkdir(parents=True)
-        (pathlib.Path(workdir) / "metrics.jsonl").write_text(
-            json.dumps({"step": 2, "eval_loss": 1.5}) + "\n")
-        return 0
+        return finished_run(workdir)
 
-    monkeypatch.setattr(subprocess, "call", fake_call)
-    monkeypatch.setattr(sys, "argv", [
-        "convert_compare.py", f"--out={tmp_path}", "--data=unused.txt", "--seeds=0,1",
-        "--mixers=based,gated_deltanet", "--parts=scratch", "--stage1_steps=1",
-        "--stage2_steps=1"])
-    with pytest.raises(SystemExit) as exit_info:
-        convert_compare.main()
+    exit_info = run_scratch_comparison(monkeypatch, tmp_path, fake_call)
     assert "2 run(s) failed" in str(exit_info.value)
     rows = json.loads((tmp_path / "results.json").read_text())
     done = [(r["seed"], r["mixer"]) for r in rows if "eval_loss" in r]
@@ -87,7 +98,6 @@ def test_a_stop_records_the_run_that_finished_and_starts_no_other(tmp_path, monk
     exits 128 + 15 and leaves its handlers as they were."""
     import os
     import signal
-    from scripts import convert_compare
 
     started = []
 
@@ -98,19 +108,10 @@ def test_a_stop_records_the_run_that_finished_and_starts_no_other(tmp_path, monk
             os.kill(os.getpid(), signal.SIGTERM)   # handled while this run goes on
             if cut_rc:
                 return cut_rc
-        pathlib.Path(workdir).mkdir(parents=True)
-        (pathlib.Path(workdir) / "metrics.jsonl").write_text(
-            json.dumps({"step": 2, "eval_loss": 1.5}) + "\n")
-        return 0
+        return finished_run(workdir)
 
     before = signal.getsignal(signal.SIGTERM)
-    monkeypatch.setattr(subprocess, "call", fake_call)
-    monkeypatch.setattr(sys, "argv", [
-        "convert_compare.py", f"--out={tmp_path}", "--data=unused.txt", "--seeds=0,1",
-        "--mixers=based,gated_deltanet", "--parts=scratch", "--stage1_steps=1",
-        "--stage2_steps=1"])
-    with pytest.raises(SystemExit) as exit_info:
-        convert_compare.main()
+    exit_info = run_scratch_comparison(monkeypatch, tmp_path, fake_call)
     assert exit_info.value.code == 128 + signal.SIGTERM
     assert started == ["scratch_based_seed0", "scratch_gated_deltanet_seed0"]
     rows = json.loads((tmp_path / "results.json").read_text())
