@@ -42,7 +42,6 @@ import json  # noqa: E402
 import re  # noqa: E402
 import statistics  # noqa: E402
 import tempfile  # noqa: E402
-import importlib.util  # noqa: E402
 import pathlib  # noqa: E402
 import time  # noqa: E402
 
@@ -54,13 +53,6 @@ import tqdm  # noqa: E402
 from eval import speed  # noqa: E402
 from training import builders, config_tools, host_memory  # noqa: E402
 from training import sharding as shd  # noqa: E402
-
-
-def load_config(path: str):
-    spec = importlib.util.spec_from_file_location("cfg", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.get_config()
 
 
 def print_top_ops(trace_dir: pathlib.Path, steps: int, top: int) -> None:
@@ -77,19 +69,6 @@ def print_top_ops(trace_dir: pathlib.Path, steps: int, top: int) -> None:
         count[name] += 1
     for name, us in total_us.most_common(top):
         print(f"{us / steps / 1e3:8.2f} ms {count[name] / steps:7.1f}x  {name}")
-
-
-def apply_overrides(config, overrides):
-    for item in overrides:
-        key, value = item.split("=", 1)
-        section, name = key.split(".", 1)
-        old = config[section][name]
-        if isinstance(old, bool):
-            config[section][name] = value == "True"
-        else:  # a key unset by default (None, e.g. data.files) takes the string as given
-            config[section][name] = value if old is None else type(old)(value)
-    config_tools.check_config(config)
-    return config
 
 
 class CompiledStep:
@@ -126,7 +105,7 @@ def compare(config_path: str, variants: list[str], steps: int, rounds: int,
     """Round-robin: every variant's `steps` steps in turn, `rounds` times, in this one
     process, so a slow spell of the machine (CPU time swings ~20% between processes on a
     shared 2-core machine) falls on all of them alike; prints the median and range."""
-    runs = {v: CompiledStep(apply_overrides(load_config(config_path), v.split()), clock)
+    runs = {v: CompiledStep(config_tools.config_with_overrides(config_path, v.split()), clock)
             for v in variants}
     times = {v: [] for v in variants}
     for _ in tqdm.trange(rounds, desc="rounds"):
@@ -164,7 +143,7 @@ def main(argv=None):
                      "or --profile")
         compare(args.config, args.variant, args.steps, args.rounds, clock, unit)
         return
-    run = CompiledStep(apply_overrides(load_config(args.config), args.overrides), clock)
+    run = CompiledStep(config_tools.config_with_overrides(args.config, args.overrides), clock)
     with tempfile.TemporaryDirectory() as trace_dir:
         tracing = (jax.profiler.trace(trace_dir, create_perfetto_trace=True)
                    if args.profile else contextlib.nullcontext())

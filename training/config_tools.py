@@ -43,6 +43,24 @@ def load_config_file(spec: str):
     return config
 
 
+def config_with_overrides(spec: str, items: Iterable[str]):
+    """The config file `spec` (load_config_file) with the scripts' short overrides,
+    "SECTION.KEY=VALUE" (train.py's --config.SECTION.KEY=VALUE), VALUE read as the type
+    of the key's current value (a key unset by default, None, takes the string); then
+    checked (check_config)."""
+    config = load_config_file(spec)
+    for item in items:
+        key, value = item.split("=", 1)
+        section, name = key.split(".", 1)
+        old = config[section][name]
+        if isinstance(old, bool):
+            config[section][name] = value == "True"
+        else:
+            config[section][name] = value if old is None else type(old)(value)
+    check_config(config)
+    return config
+
+
 def flat_keys(config, prefix: str = "") -> dict[str, Any]:
     """{"train.lr": 1e-3, ...} for every leaf of a (nested) ConfigDict or mapping."""
     out = {}

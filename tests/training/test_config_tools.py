@@ -83,3 +83,17 @@ def test_set_values_sets_dotted_keys_in_place():
     config = config_tools.load_config_file(str(ROOT / "configs" / "mqar.py"))
     config_tools.set_values(config, {"train.lr": 0.5, "model.mixer": "linear"})
     assert config.train.lr == 0.5 and config.model.mixer == "linear"
+
+
+def test_config_with_overrides_reads_values_as_the_keys_types():
+    """The scripts' SECTION.KEY=VALUE overrides: int, float, bool and str keys take their
+    type, a key unset by default (None) the string; the result is checked."""
+    c = config_tools.config_with_overrides(
+        str(ROOT / "configs" / "mqar.py"),
+        ["model.d_model=32", "train.lr=1e-3", "model.mlp=True", "model.mixer=gated_deltanet",
+         "data.files=a.txt"])
+    assert (c.model.d_model, c.train.lr, c.model.mlp, c.model.mixer, c.data.files) == (
+        32, 1e-3, True, "gated_deltanet", "a.txt")
+    with pytest.raises(config_tools.ConfigError):
+        config_tools.config_with_overrides(str(ROOT / "configs" / "mqar.py"),
+                                           ["model.mixer=no_such_mixer"])
