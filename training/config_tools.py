@@ -45,20 +45,39 @@ def load_config_file(spec: str):
 
 def config_with_overrides(spec: str, items: Iterable[str]):
     """The config file `spec` (load_config_file) with the scripts' short overrides,
-    "SECTION.KEY=VALUE" (train.py's --config.SECTION.KEY=VALUE), VALUE read as the type
-    of the key's current value (a key unset by default, None, takes the string); then
+    "SECTION.KEY=VALUE" (train.py's --config.SECTION.KEY=VALUE): checked as train.py
+    checks its flags (check_overrides: unknown keys and wrong types raise ConfigError),
+    each VALUE read as its key's declared type (parse_value), then the whole config
     checked (check_config)."""
     config = load_config_file(spec)
+    overrides = {}
     for item in items:
-        key, value = item.split("=", 1)
-        section, name = key.split(".", 1)
-        old = config[section][name]
-        if isinstance(old, bool):
-            config[section][name] = value == "True"
-        else:
-            config[section][name] = value if old is None else type(old)(value)
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"override {item!r} is not KEY=VALUE, e.g. train.lr=1e-3")
+        overrides[key] = value
+    check_overrides(config, overrides)
+    set_values(config, {key: parse_value(text, _field_type(config, key)[0])
+                        for key, text in overrides.items()})
     check_config(config)
     return config
+
+
+def parse_value(text: str, field_type):
+    """An override's text as its key's declared type (what _check_value accepts):
+    booleans as true/false, 1/0 or yes/no; tuples and lists as Python literals; a key of
+    no declared type (object) as a Python literal where it reads as one (3, (1, 2)),
+    else as the string."""
+    if field_type is bool:
+        return text.lower() in ("true", "1", "yes")
+    if field_type in (int, float, str):
+        return field_type(text)
+    if field_type in (tuple, list):
+        return field_type(ast.literal_eval(text))
+    try:
+        return ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        return text
 
 
 def flat_keys(config, prefix: str = "") -> dict[str, Any]:

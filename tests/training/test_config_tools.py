@@ -86,14 +86,22 @@ def test_set_values_sets_dotted_keys_in_place():
 
 
 def test_config_with_overrides_reads_values_as_the_keys_types():
-    """The scripts' SECTION.KEY=VALUE overrides: int, float, bool and str keys take their
-    type, a key unset by default (None) the string; the result is checked."""
+    """The scripts' SECTION.KEY=VALUE overrides: each value read as its key's declared
+    type (booleans as train.py's flags read them, tuples and untyped keys as literals, a
+    placeholder's None default by its declared type), checked as train.py checks them."""
+    mqar = str(ROOT / "configs" / "mqar.py")
     c = config_tools.config_with_overrides(
-        str(ROOT / "configs" / "mqar.py"),
-        ["model.d_model=32", "train.lr=1e-3", "model.mlp=True", "model.mixer=gated_deltanet",
-         "data.files=a.txt"])
-    assert (c.model.d_model, c.train.lr, c.model.mlp, c.model.mixer, c.data.files) == (
-        32, 1e-3, True, "gated_deltanet", "a.txt")
-    with pytest.raises(config_tools.ConfigError):
-        config_tools.config_with_overrides(str(ROOT / "configs" / "mqar.py"),
-                                           ["model.mixer=no_such_mixer"])
+        mqar, ["model.d_model=32", "train.lr=1e-3", "model.mlp=true", "train.remat=0",
+               "model.mixer=gated_deltanet", "data.files=a.txt", "data.val_fraction=0.25",
+               "data.num_kv_pairs=[[64, 4, 1]]"])
+    assert (c.model.d_model, c.train.lr, c.model.mlp, c.train.remat, c.model.mixer,
+            c.data.files, c.data.val_fraction, c.data.num_kv_pairs) == (
+        32, 1e-3, True, False, "gated_deltanet", "a.txt", 0.25, [[64, 4, 1]])
+    assert config_tools.config_with_overrides(mqar, ["model.mlp=False"]).model.mlp is False
+    for bad, message in [("model.mixer=no_such_mixer", "mixer"),
+                         ("train.lrr=0.1", "train.lr"),
+                         ("train.steps=ten", "integer"),
+                         ("model.mlp=maybe", "boolean"),
+                         ("train.steps", "KEY=VALUE")]:
+        with pytest.raises(config_tools.ConfigError, match=message):
+            config_tools.config_with_overrides(mqar, [bad])
