@@ -10,12 +10,15 @@ as the README names it:
   held_out/*.txt      other text to score: the last 20 kB of tiny-Shakespeare
   NAME (--hf_name)    a hub dataset: a local folder of data files (datasets reads it
                       offline as it streams a hub dataset)
+  path/to/llama       a Hugging Face checkpoint folder: the tiny Llama of
+                      tests/fixtures/hf/llama
   the curl download   tiny-Shakespeare copied from ../shared/data (this machine has no
                       network); the command fails if it is absent
 Optional arguments written `[--flag=value]` are kept when their value is concrete and
 dropped when it is a placeholder (`[--hf_subset=S]`, `[--config.KEY=VALUE ...]`).
 Training is cut to a couple of steps by appending --config.train.steps=2 (and no
-evaluation or checkpoint before the end) to train.py and training.population, and
+evaluation or checkpoint before the end) to train.py and training.population (and each
+stage of training.convert), and
 --config.overrides.train.steps=2 --only=<the grid's first run> to a full sweep (its
 :tiny variant runs whole); eval.recall gets --num_examples=16. `pip install` and the
 test suite are not run. Exit status 1 if any command failed.
@@ -39,6 +42,9 @@ SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 SKIP = ("pip ", "python -m pytest")
 TRAIN_STEPS = ["--config.train.steps=2", "--config.train.eval_every=0",
                "--config.train.checkpoint_every=0", "--config.train.eval_batches=2"]
+CONVERT_STEPS = ["--config.convert.stage1_steps=2", "--config.convert.stage2_steps=2",
+                 "--config.convert.report_batches=1"] + TRAIN_STEPS[1:]
+HF_CHECKPOINT = ("path/to/llama", pathlib.Path("tests") / "fixtures" / "hf" / "llama")
 PLACEHOLDER = re.compile(r"\.\.\.|=[A-Z][A-Z_]*\b|\bKEY\b")
 
 
@@ -91,6 +97,8 @@ def provide_data(clone: pathlib.Path) -> None:
     held.mkdir(exist_ok=True)
     if SHAKESPEARE.exists():
         (held / "shakespeare_tail.txt").write_text(SHAKESPEARE.read_text()[-20000:])
+    checkpoint, fixture = HF_CHECKPOINT
+    shutil.copytree(clone / fixture, clone / checkpoint, dirs_exist_ok=True)
     hf = clone / "hf_local"
     hf.mkdir(exist_ok=True)
     with open(hf / "train.jsonl", "w") as f:
@@ -117,6 +125,8 @@ def adapt(cmd: str, clone: pathlib.Path) -> list[str] | str:
     if args[:2] == ["python", "train.py"] or args[:3] == ["python", "-m",
                                                           "training.population"]:
         args += TRAIN_STEPS
+    if args[:3] == ["python", "-m", "training.convert"]:
+        args += CONVERT_STEPS
     if args[:3] == ["python", "-m", "sweeps.run"]:
         config = next(a.split("=", 1)[1] for a in args if a.startswith("--config="))
         if not config.endswith(":tiny"):

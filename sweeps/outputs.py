@@ -6,6 +6,7 @@ import json
 import math
 import os
 import sys
+import traceback
 from typing import Mapping
 
 
@@ -69,7 +70,9 @@ def write_outputs(cfg: Mapping, runs: list[dict], workdir: str,
     try:
         written = plot(cfg, records, workdir, grid_lrs(runs))
     except Exception as e:  # noqa: BLE001 (a plot must never lose the tables)
-        print(f"sweep: plotting failed: {type(e).__name__}: {e}", file=sys.stderr)
+        where = traceback.extract_tb(e.__traceback__)[-1]
+        print(f"sweep: plotting failed: {type(e).__name__}: {e} "
+              f"({os.path.basename(where.filename)}:{where.lineno})", file=sys.stderr)
         written = []
     md = report.markdown(records, title=cfg.get("title", f"Comparison: {cfg['task']}"),
                          settings_order=[s["name"] for s in cfg.get("settings") or []],
@@ -83,7 +86,7 @@ def grid_lrs(runs: list[dict]) -> dict[tuple, set[float]]:
     """{(setting, mixer, size): the lrs the grid gives that cell}."""
     lrs: dict[tuple, set[float]] = {}
     for run in runs:
-        if "lr" in run:
+        if run.get("lr") is not None:  # timing runs (speed) have no lr
             lrs.setdefault((run["setting"], run["mixer"], run["size"]), set()).add(
                 float(run["lr"]))
     return lrs

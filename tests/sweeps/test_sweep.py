@@ -207,6 +207,17 @@ def test_a_cell_that_ran_only_some_of_its_lrs_is_a_partial_point(mqar_sweep):
     assert half[0]["value"] == records[0]["metrics"]["accuracy"]
 
 
+def test_a_grid_without_lrs_has_no_cell_lrs():
+    """A timing grid (task speed) gives its runs no lr: their cells carry none, so the
+    speed sweep's plot is drawn (grid_lrs once failed on lr None, losing speed.png)."""
+    from sweeps import grid, outputs
+
+    runs = grid.expand_grid({"task": "speed", "mixers": [{"name": "softmax"},
+                                                         {"name": "gated_deltanet"}]})
+    assert [r["lr"] for r in runs] == [None, None]
+    assert outputs.grid_lrs(runs) == {}
+
+
 def test_only_filters_what_runs_not_what_the_tables_show(mqar_sweep, tmp_path):
     """--only picks the runs of this invocation; results.jsonl / results.md still cover
     every finished run (e.g. ones an earlier --only invocation ran)."""
