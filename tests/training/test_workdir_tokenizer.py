@@ -7,6 +7,7 @@ One tiny char-level run (about 10 s on 2 cores, its compile) serves the module."
 import json
 import pathlib
 import shutil
+import sys
 
 import numpy as np
 import pytest
@@ -130,7 +131,7 @@ def test_eval_cli_error_is_one_line(char_run, tmp_path):
     _, work = fresh_copy(char_run, tmp_path)
     other = tmp_path / "other.txt"
     other.write_text("Q\n")
-    r = run_cli(["python", "-m", "eval.perplexity", f"--workdir={work}",
+    r = run_cli([sys.executable, "-m", "eval.perplexity", f"--workdir={work}",
                  f"--files={other}"])
     assert r.returncode == 1
     lines = r.stderr.strip().splitlines()
@@ -216,7 +217,7 @@ def test_encoding_errors_replace_reads_bad_bytes_as_the_replacement_character(tm
 def test_train_cli_names_the_bad_file_in_one_line(tmp_path):
     bad = tmp_path / "bad.txt"
     bad.write_bytes(b"x" * 100 + b"\n\xfe\n")
-    args = ["python", str(ROOT / "train.py"), f"--config={ROOT / 'configs/lm_files.py'}",
+    args = [sys.executable, str(ROOT / "train.py"), f"--config={ROOT / 'configs/lm_files.py'}",
             f"--workdir={tmp_path / 'run'}", f"--config.data.files={bad}",
             "--config.logging.wandb=disabled"]
     r = run_cli(args)
