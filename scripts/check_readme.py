@@ -40,10 +40,11 @@ import time
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHAKESPEARE = ROOT.parent / "shared" / "data" / "tinyshakespeare" / "input.txt"
 SKIP = ("pip ", "python -m pytest")
-TRAIN_STEPS = ["--config.train.steps=2", "--config.train.eval_every=0",
-               "--config.train.checkpoint_every=0", "--config.train.eval_batches=2"]
+NO_EVAL_BEFORE_END = ["--config.train.eval_every=0", "--config.train.checkpoint_every=0",
+                      "--config.train.eval_batches=2"]
+TRAIN_STEPS = ["--config.train.steps=2"] + NO_EVAL_BEFORE_END
 CONVERT_STEPS = ["--config.convert.stage1_steps=2", "--config.convert.stage2_steps=2",
-                 "--config.convert.report_batches=1"] + TRAIN_STEPS[1:]
+                 "--config.convert.report_batches=1"] + NO_EVAL_BEFORE_END
 HF_CHECKPOINT = ("path/to/llama", pathlib.Path("tests") / "fixtures" / "hf" / "llama")
 PLACEHOLDER = re.compile(r"\.\.\.|=[A-Z][A-Z_]*\b|\bKEY\b")
 

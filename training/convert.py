@@ -562,17 +562,9 @@ def main(argv=None) -> None:
 
 
 def _set(config, dotted: str, text: str) -> None:
-    """--config.KEY=VALUE parsed as ml_collections' flags parse it (by the field's type)."""
+    """--config.KEY=VALUE parsed by the field's declared type (config_tools.parse_value)."""
     field_type, _ = config_tools._field_type(config, dotted)
-    if field_type is bool:
-        value = text.lower() in ("true", "1", "yes")
-    elif field_type is int:
-        value = int(text)
-    elif field_type is float:
-        value = float(text)
-    else:
-        value = text
-    config_tools.set_values(config, {dotted: value})
+    config_tools.set_values(config, {dotted: config_tools.parse_value(text, field_type)})
 
 
 if __name__ == "__main__":
