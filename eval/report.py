@@ -346,6 +346,34 @@ def niah_tasks_table(best: dict) -> str:
     return md_table(["mixer", "size", "setting", "lr"] + [h for _, _, h in columns], table)
 
 
+def niah_seeds_table(best: dict) -> str:
+    """Each run of each (mixer, size, setting) at its best lr, by seed: exact match of
+    every NIAH task at the training length, the headline task's per-digit accuracy over
+    the grid (chance is 0.1: a run near it learned no retrieval) and the best validation
+    loss. A mean with a wide interval can be one seed that failed outright while the
+    others match the best mixer; this table tells which (issue 18's reviewers' question)."""
+    rows, names = [], []
+    for (task, setting, mixer, size), b in sorted(best.items()):
+        if task != "niah":
+            continue
+        for record in sorted(b["records"], key=lambda r: r.get("seed", 0)):
+            grids = niah_task_grids(record["metrics"])
+            names += [n for n in grids if n not in names]
+            rows.append((mixer, size, setting, b["lr"], record, grids))
+    if not rows:
+        return ""
+    table = []
+    for mixer, size, setting, lr, record, grids in rows:
+        at_train = [_at_length_of(grids.get(n, {}), grids.get(n, {}).get("train_length"),
+                                  "exact") for n in names]
+        table.append([mixer, size, setting, lr, record.get("seed")] + at_train
+                     + [record["metrics"].get("per_digit"),
+                        record["metrics"].get("best_val_loss")])
+    return md_table(["mixer", "size", "setting", "lr", "seed"]
+                    + [f"{n} @train" for n in names]
+                    + ["per-digit (grid)", "best val loss"], table)
+
+
 def niah_grid_table(records: Sequence[dict]) -> str:
     """Depth x length exact-match table of one grid cell's runs (metrics['grid']): each
     cell the mean over the runs (seeds), so one failed seed shows as the drop it is."""
@@ -436,6 +464,9 @@ def markdown(records: list[dict], *, title: str, settings_order: Sequence[str] =
                 parts += ["", "### Every NIAH task at the training length (RULER's "
                           "MK-NIAH-2/3, multi-value, 7 digits; data/niah.py)", "",
                           tasks_table]
+            parts += ["", "### Each seed at the training length (a seed that learns "
+                      "no retrieval shows here, not in the means)", "",
+                      niah_seeds_table(best)]
             for key, b in sorted(best.items()):
                 if key[0] == "niah":
                     parts += ["", f"### {key[2]} {key[3]} (lr {b['lr']:g}): exact match "

@@ -145,3 +145,32 @@ def test_niah_grid_table_is_the_mean_over_seeds():
     assert lines[2].startswith("| 0.00 | 0.333 | 0.667 |")
     assert lines[3].startswith("| 0.50 | 0.667 | 0.667 |")
     assert "mean over 3 runs" in report.markdown(recs, title="t")
+
+
+def test_niah_seeds_table_lists_each_seed_at_the_training_length():
+    """Each seed of the best lr in its own row, in seed order: every task's exact match
+    averaged over the depths at the training length only (not the longer lengths), the
+    headline per-digit and the best validation loss; the other lr's runs are left out."""
+    def grid(kind, at_train, beyond):
+        cells = [{"length": 512, "depth": 0.0, "exact": at_train[0]},
+                 {"length": 512, "depth": 0.5, "exact": at_train[1]},
+                 {"length": 1024, "depth": 0.0, "exact": beyond}]
+        return {"kind": kind, "train_length": 512, "cells": cells}
+
+    def rec(seed, lr, passkey, mk2, per_digit, loss):
+        return {"task": "niah", "setting": "L512", "mixer": "m", "size": "d8", "lr": lr,
+                "seed": seed, "metrics": {
+                    "exact": sum(passkey) / 2, "per_digit": per_digit,
+                    "best_val_loss": loss, "grid": grid("passkey", passkey, 0.5),
+                    "grid_mk2": grid("mk2", mk2, 0.25)}}
+
+    recs = [rec(1, 1e-3, (0.0, 0.2), (0.0, 0.0), 0.125, 1.75),
+            rec(0, 1e-3, (1.0, 0.9), (0.8, 0.6), 0.875, 1.5),
+            rec(0, 1e-2, (0.0, 0.0), (0.0, 0.0), 0.1, 3.0)]
+    lines = report.niah_seeds_table(report.best_lr(recs)).splitlines()
+    assert lines[0].split(" | ")[4:] == ["seed", "passkey @train", "mk2 @train",
+                                         "per-digit (grid)", "best val loss |"]
+    assert len(lines) == 4  # header, rule, the best lr's two seeds
+    assert lines[2].split(" | ")[4:] == ["0", "0.950", "0.700", "0.875", "1.500 |"]
+    assert lines[3].split(" | ")[4:] == ["1", "0.100", "0.000", "0.125", "1.750 |"]
+    assert "### Each seed at the training length" in report.markdown(recs, title="t")
