@@ -219,6 +219,22 @@ def recall_table(records: list[dict], best: dict, task: str,
                     + settings, rows)
 
 
+def by_seed_table(best: dict, task: str, metric: str | None = None) -> str:
+    """Per (mixer, size, setting) at its best lr: the primary metric (`metric` if given) of
+    each seed, "seed: value" in seed order. MQAR learning is a sudden drop whose step
+    varies by seed, so a mean with a wide interval is often one run that never learned the
+    task beside runs that did; the means alone cannot say which."""
+    name, _ = primary(task, metric)
+    rows = []
+    for (t, setting, mixer, size), b in sorted(best.items()):
+        if t != task:
+            continue
+        runs = sorted(b["records"], key=lambda r: r.get("seed", 0))
+        rows.append([setting, mixer, size, b["lr"], ", ".join(
+            f"{r.get('seed')}: {_fmt(metric_value(r, name))}" for r in runs)])
+    return md_table(["setting", "mixer", "size", "lr", f"{name} by seed"], sorted(rows))
+
+
 def settings_table(best: dict, task: str = "mqar") -> str:
     """Per (mixer, size, training setting) at its best lr: the mean accuracy over seeds at
     each test setting (metrics["settings"], sweeps.tasks) and their mean (Zoology's
@@ -450,6 +466,8 @@ def markdown(records: list[dict], *, title: str, settings_order: Sequence[str] =
             what = "accuracy" if name == "accuracy" else f"accuracy ({name})"
             parts += [f"## MQAR {what}", "",
                       recall_table(records, best, "mqar", settings_order)]
+            parts += ["", "### Each seed at the best lr", "",
+                      by_seed_table(best, "mqar", metric)]
             per_setting = settings_table(best)
             if per_setting:
                 parts += ["", "### Accuracy per test setting at the best lr (mean over "

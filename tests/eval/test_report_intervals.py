@@ -174,3 +174,17 @@ def test_niah_seeds_table_lists_each_seed_at_the_training_length():
     assert lines[2].split(" | ")[4:] == ["0", "0.950", "0.700", "0.875", "1.500 |"]
     assert lines[3].split(" | ")[4:] == ["1", "0.100", "0.000", "0.125", "1.750 |"]
     assert "### Each seed at the training length" in report.markdown(recs, title="t")
+
+
+def test_by_seed_table_shows_a_failed_seed_beside_the_others():
+    """The best lr's seeds in seed order with their own accuracies (the 0.064-or-0.996
+    MQAR run of issue 18), one row per cell; the worse lr's seeds are not listed."""
+    recs = [_rec("a", "d64", 1e-3, 2, 0.995), _rec("a", "d64", 1e-3, 0, 0.996),
+            _rec("a", "d64", 1e-3, 1, 0.064), _rec("a", "d64", 1e-2, 0, 0.05),
+            _rec("a", "d64", 1e-2, 1, 0.06), _rec("b", "d128", 1e-3, 0, 0.5)]
+    lines = report.by_seed_table(report.best_lr(recs), "mqar").splitlines()
+    assert lines[0] == "| setting | mixer | size | lr | accuracy by seed |"
+    assert lines[2] == "| T256_kv16 | a | d64 | 0.001 | 0: 0.996, 1: 0.064, 2: 0.995 |"
+    assert lines[3] == "| T256_kv16 | b | d128 | 0.001 | 0: 0.500 |"
+    assert len(lines) == 4
+    assert "### Each seed at the best lr" in report.markdown(recs, title="t")
