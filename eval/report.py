@@ -367,7 +367,7 @@ def niah_seeds_table(best: dict) -> str:
     every NIAH task at the training length, the headline task's per-digit accuracy over
     the grid (chance is 0.1: a run near it learned no retrieval) and the best validation
     loss. A mean with a wide interval can be one seed that failed outright while the
-    others match the best mixer; this table tells which (issue 18's reviewers' question)."""
+    others match the best mixer; this table tells which."""
     rows, names = [], []
     for (task, setting, mixer, size), b in sorted(best.items()):
         if task != "niah":
