@@ -83,16 +83,9 @@ def _split_chunks(f, sample_by: str, chunk_chars: int) -> Iterator[str]:
 def iter_hf(name: str, *, subset: str | None, split: str, text_field: str,
             max_documents: int | None, progress=None) -> Iterator[str]:
     """The documents of a hub dataset, streamed: memory holds one example at a time."""
-    try:
-        import datasets
-    except ImportError:
-        raise ImportError("--hf_name needs the `datasets` package: pip install datasets") from None
-    args = (name, subset) if subset else (name,)
-    try:
-        ds = datasets.load_dataset(*args, split=split, streaming=True)
-    except (FileNotFoundError, ConnectionError, OSError, ValueError) as e:
-        raise ValueError(f"could not stream Hugging Face dataset {name!r} (subset {subset!r}, "
-                         f"split {split!r}): {type(e).__name__}: {e}") from e
+    ds = sources.open_hf(name, subset=subset, split=split, streaming=True, asked_by="--hf_name",
+                         offline_hint="give a local directory of data files as --hf_name, "
+                                      "or use --files")
     for i, ex in enumerate(ds):
         if max_documents and i >= max_documents:
             break

@@ -189,6 +189,25 @@ def _hf_num_examples(ds, split: str) -> int | None:
         return None
 
 
+def open_hf(name: str, *, subset: str | None, split: str, streaming: bool, asked_by: str,
+            offline_hint: str):
+    """`datasets.load_dataset` of a hub name or local directory, with the two failures a
+    user meets named in one line: `datasets` not installed (`asked_by` says which option
+    needs it) and a dataset that cannot be reached or read (`offline_hint` says what to
+    do without a network)."""
+    try:
+        import datasets
+    except ImportError:
+        raise ImportError(f"{asked_by} needs the `datasets` package: pip install datasets") from None
+    args = (name, subset) if subset else (name,)
+    try:
+        return datasets.load_dataset(*args, split=split, streaming=streaming)
+    except (FileNotFoundError, ConnectionError, OSError, ValueError) as e:
+        raise ValueError(
+            f"could not load Hugging Face dataset {name!r} (subset {subset!r}, split "
+            f"{split!r}): {type(e).__name__}: {e}. Offline, {offline_hint}") from e
+
+
 def load_hf(name: str, *, split: str = "train", subset: str | None = None,
             text_field: str = "text", max_documents: int | None = HF_MAX_DOCUMENTS,
             streaming: bool = True,
@@ -198,18 +217,9 @@ def load_hf(name: str, *, split: str = "train", subset: str | None = None,
     how many."""
     if not name:
         raise ValueError("data.name must name the Hugging Face dataset for source='hf'")
-    try:
-        import datasets
-    except ImportError:
-        raise ImportError("source='hf' needs the `datasets` package: pip install datasets") from None
-    args = (name, subset) if subset else (name,)
-    try:
-        ds = datasets.load_dataset(*args, split=split, streaming=streaming)
-    except (FileNotFoundError, ConnectionError, OSError, ValueError) as e:
-        raise ValueError(
-            f"could not load Hugging Face dataset {name!r} (subset {subset!r}, split "
-            f"{split!r}): {type(e).__name__}: {e}. Offline, give a local directory of "
-            "data files as data.name, or use source='files'") from e
+    ds = open_hf(name, subset=subset, split=split, streaming=streaming, asked_by="source='hf'",
+                 offline_hint="give a local directory of data files as data.name, or use "
+                              "source='files'")
     rows = iter(ds)
     taken = list(itertools.islice(rows, max_documents)) if max_documents else list(rows)
     if max_documents and next(rows, None) is not None:

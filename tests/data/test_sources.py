@@ -49,8 +49,27 @@ def test_hf_load_failure_names_the_dataset(monkeypatch):
         raise ConnectionError("no network")
 
     monkeypatch.setattr(datasets, "load_dataset", offline)
-    with pytest.raises(ValueError, match="'org/corpus'.*local directory"):
+    with pytest.raises(ValueError, match="'org/corpus'.*local directory of data files as "
+                                         "data.name"):
         sources.load_hf("org/corpus")
+    # the store builder's streaming reader names its own option
+    from data import prepare
+    with pytest.raises(ValueError, match="'org/corpus'.*local directory of data files as "
+                                         "--hf_name"):
+        next(prepare.iter_hf("org/corpus", subset=None, split="train", text_field="text",
+                             max_documents=None))
+
+
+def test_hf_without_datasets_names_the_option_that_needs_it(monkeypatch):
+    import sys
+
+    from data import prepare
+    monkeypatch.setitem(sys.modules, "datasets", None)  # import datasets -> ImportError
+    with pytest.raises(ImportError, match="source='hf' needs the `datasets` package"):
+        sources.load_hf("org/corpus")
+    with pytest.raises(ImportError, match="--hf_name needs the `datasets` package"):
+        next(prepare.iter_hf("org/corpus", subset=None, split="train", text_field="text",
+                             max_documents=None))
 
 
 def test_tfds_data_source_under_mock_data():
