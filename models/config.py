@@ -186,18 +186,11 @@ class ModelConfig:
         for key in ("dropout", "attention_dropout"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 fail(key, "must be in [0, 1)")
-        if self.dtype not in DTYPES:
-            fail("dtype", f"choose one of {DTYPES}")
-        if self.param_dtype not in DTYPES:
-            fail("param_dtype", f"choose one of {DTYPES}")
-        if self.impl not in IMPLS:
-            fail("impl", f"choose one of {IMPLS}")
-        if self.window_impl not in WINDOW_IMPLS:
-            fail("window_impl", f"choose one of {WINDOW_IMPLS}")
-        if self.conv_impl not in CONV_IMPLS:
-            fail("conv_impl", f"choose one of {CONV_IMPLS}")
-        if self.feature_map not in FEATURE_MAPS:
-            fail("feature_map", f"choose one of {FEATURE_MAPS}")
+        for key, choices in (("dtype", DTYPES), ("param_dtype", DTYPES), ("impl", IMPLS),
+                             ("window_impl", WINDOW_IMPLS), ("conv_impl", CONV_IMPLS),
+                             ("feature_map", FEATURE_MAPS)):
+            if getattr(self, key) not in choices:
+                fail(key, f"choose one of {choices}")
         if self.performer_redraw_every < 0:
             fail("performer_redraw_every", "choose 0 (the init draw) or N >= 1 (new "
                  "features every N training steps)")

@@ -43,9 +43,12 @@ def test_from_dict_unknown_key_suggests_nearest():
     ({"num_heads": 4, "num_kv_heads": 3}, "num_kv_heads"),
     ({"num_layers": 2, "layer_pattern": "LLS"}, "layer_pattern"),
     ({"num_layers": 2, "layer_pattern": "LX"}, "layer_pattern"),
-    ({"dtype": "fp8"}, "dtype"),
-    ({"impl": "fast"}, "impl"),
-    ({"feature_map": "cos"}, "feature_map"),
+    ({"dtype": "fp8"}, "dtype.*choose one of"),
+    ({"param_dtype": "fp8"}, "param_dtype.*choose one of"),
+    ({"impl": "fast"}, "impl.*choose one of"),
+    ({"window_impl": "dense"}, "window_impl.*choose one of"),
+    ({"conv_impl": "fft"}, "conv_impl.*choose one of"),
+    ({"feature_map": "cos"}, "feature_map.*choose one of"),
 ])
 def test_bad_values_name_the_field(kwargs, match):
     with pytest.raises(ValueError, match=match):
