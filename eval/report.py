@@ -390,6 +390,54 @@ def niah_seeds_table(best: dict) -> str:
                     + ["per-digit (grid)", "best val loss"], table)
 
 
+# A seed "retrieves" when at least half of its headline needles at the training length
+# come back exact. The runs so far are mostly all or nothing (a seed either learns the
+# task, above 0.9, or does not, under 0.05), so the count of seeds that retrieve is
+# what separates "fails more often" from "is worse on average".
+RETRIEVES_AT = 0.5
+
+
+def niah_retrieval_table(best: dict) -> str:
+    """Per (mixer, size, setting) at its best lr: how many seeds retrieve (headline
+    task's exact match at the training length >= RETRIEVES_AT), and Fisher's exact test
+    of that count against the mixer of the same setting and width whose seeds retrieve
+    most often (eval.intervals.fisher_exact; p >= 0.05: the failure rates are not told
+    apart)."""
+    counts = {}
+    for key, b in sorted(best.items()):
+        if key[0] != "niah":
+            continue
+        exact = []
+        for record in b["records"]:
+            grid = record["metrics"].get("grid", {})
+            exact.append(_at_length(grid, grid.get("train_length")))
+        exact = [v for v in exact if v is not None]
+        counts[key] = (sum(v >= RETRIEVES_AT for v in exact), len(exact), b["lr"])
+    if not counts:
+        return ""
+    def reliability(key):  # the larger fraction; among equal ones, the more seeds
+        k, n, _ = counts[key]
+        return (k / n, n)
+    top = {}  # (setting, size) -> the key whose seeds retrieve most often
+    for key, (_, n, _) in counts.items():
+        group = (key[1], key[3])
+        if n and (group not in top or reliability(key) > reliability(top[group])):
+            top[group] = key
+    rows = []
+    for key, (k, n, lr) in counts.items():
+        _, setting, mixer, size = key
+        ref = top.get((setting, size))
+        if ref is None or ref == key:
+            against = "-"
+        else:
+            rk, rn, _ = counts[ref]
+            p = intervals.fisher_exact(k, n, rk, rn)
+            against = f"{ref[2]} ({rk} of {rn}): p {p:.3g}"
+        rows.append([mixer, size, setting, lr, f"{k} of {n}", against])
+    return md_table(["mixer", "size", "setting", "lr", "seeds that retrieve",
+                     "against the most reliable mixer (Fisher's exact, two-sided)"], rows)
+
+
 def niah_grid_table(records: Sequence[dict]) -> str:
     """Depth x length exact-match table of one grid cell's runs (metrics['grid']): each
     cell the mean over the runs (seeds), so one failed seed shows as the drop it is."""
@@ -485,6 +533,9 @@ def markdown(records: list[dict], *, title: str, settings_order: Sequence[str] =
             parts += ["", "### Each seed at the training length (a seed that learns "
                       "no retrieval shows here, not in the means)", "",
                       niah_seeds_table(best)]
+            parts += ["", f"### Seeds that retrieve (headline exact match >= "
+                      f"{RETRIEVES_AT:g} at the training length)", "",
+                      niah_retrieval_table(best)]
             for key, b in sorted(best.items()):
                 if key[0] == "niah":
                     parts += ["", f"### {key[2]} {key[3]} (lr {b['lr']:g}): exact match "

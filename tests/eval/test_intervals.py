@@ -100,3 +100,32 @@ def test_a_new_seed_lands_in_its_interval_95_percent_of_the_time(n):
     assert hits == pytest.approx(0.95, abs=0.005)
     means = [intervals.mean_interval(d[:n]) for d in draws]
     assert np.mean([iv.lo <= d[n] <= iv.hi for iv, d in zip(means, draws)]) < 0.9
+
+
+def test_fisher_exact_by_hand():
+    """Fisher's tea tasting: 3 of 4 cups right against 1 of 4. With 4 successes in 8,
+    the first group's count k has probabilities C(4, k) C(4, 4 - k) / 70 = 1, 16, 36, 16,
+    1 (/ 70); the observed 16 and every count no likelier: 34 / 70 = 17 / 35."""
+    assert intervals.fisher_exact(3, 4, 1, 4) == pytest.approx(17 / 35, rel=1e-12)
+    # 1 of 6 against 6 of 6: C(7, k) C(5, 6 - k) / 924 for k = 1..6 is 7, 105, 350, 350,
+    # 105, 7; k = 1 and k = 6 are the tables no likelier than the observed: 14 / 924
+    assert intervals.fisher_exact(1, 6, 6, 6) == pytest.approx(14 / 924, rel=1e-12)
+    # 5 of 6 against 6 of 6 (issue 18's hybrid against softmax): nothing told apart
+    assert intervals.fisher_exact(5, 6, 6, 6) == 1.0
+    assert intervals.fisher_exact(0, 0, 0, 0) == 1.0
+    with pytest.raises(ValueError, match="group b has 4 successes of 3"):
+        intervals.fisher_exact(1, 2, 4, 3)
+
+
+def test_fisher_exact_is_symmetric_and_against_scipy_where_installed():
+    cases = [(a, na, b, nb) for na in range(6) for nb in range(6)
+             for a in range(na + 1) for b in range(nb + 1) if na + nb]
+    for a, na, b, nb in cases:
+        p = intervals.fisher_exact(a, na, b, nb)
+        assert 0.0 < p <= 1.0
+        assert p == pytest.approx(intervals.fisher_exact(b, nb, a, na), rel=1e-9)
+        assert p == pytest.approx(intervals.fisher_exact(na - a, na, nb - b, nb), rel=1e-9)
+    stats = pytest.importorskip("scipy.stats")
+    for a, na, b, nb in cases:
+        want = stats.fisher_exact([[a, na - a], [b, nb - b]]).pvalue
+        assert intervals.fisher_exact(a, na, b, nb) == pytest.approx(want, rel=1e-9, abs=1e-15)

@@ -188,3 +188,27 @@ def test_by_seed_table_shows_a_failed_seed_beside_the_others():
     assert lines[3] == "| T256_kv16 | b | d128 | 0.001 | 0: 0.500 |"
     assert len(lines) == 4
     assert "### Each seed at the best lr" in report.markdown(recs, title="t")
+
+
+def test_niah_retrieval_table_counts_seeds_and_tests_them_against_the_most_reliable():
+    """A seed retrieves at a headline exact match >= 0.5 at the training length (the
+    longer lengths do not count); each mixer's count is set against the mixer whose
+    seeds retrieve most often (among equal fractions, the one with more seeds)."""
+    def rec(mixer, seed, at_train, lr=1e-3):
+        cells = [{"length": 512, "depth": 0.0, "exact": at_train},
+                 {"length": 1024, "depth": 0.0, "exact": 1.0}]
+        return {"task": "niah", "setting": "L512", "mixer": mixer, "size": "d8", "lr": lr,
+                "seed": seed, "metrics": {"exact": at_train, "grid": {
+                    "kind": "passkey", "train_length": 512, "cells": cells}}}
+
+    recs = ([rec("a", s, 1.0) for s in range(3)]           # 3 of 3
+            + [rec("b", s, 0.9) for s in range(6)]         # 6 of 6: the reference
+            + [rec("c", 0, 0.5)] + [rec("c", s, 0.49) for s in range(1, 6)]  # 1 of 6
+            + [rec("c", s, 0.0, lr=1e-2) for s in range(6)])  # another lr: not counted
+    lines = report.niah_retrieval_table(report.best_lr(recs)).splitlines()
+    rows = {line.split(" | ")[0].strip("| "): line.split(" | ")[4:] for line in lines[2:]}
+    assert rows["a"] == ["3 of 3", "b (6 of 6): p 1 |"]
+    assert rows["b"] == ["6 of 6", "- |"]
+    # 1 of 6 against 6 of 6: 14 / 924 = 0.01515 (tests/eval/test_intervals.py)
+    assert rows["c"] == ["1 of 6", "b (6 of 6): p 0.0152 |"]
+    assert "### Seeds that retrieve" in report.markdown(recs, title="t")

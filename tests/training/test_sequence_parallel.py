@@ -69,17 +69,23 @@ def losses(workdir, key="loss"):
     return {e["step"]: e[key] for e in metrics.read_metrics(workdir) if key in e}
 
 
-def test_sequence_split_training_matches_one_device(tmp_path):
+def one_device_then_meshes(tmp_path, meshes):
+    """The one-device run in this process, then the same config on each of `meshes`
+    (name -> mesh sizes) in one subprocess over 8 simulated devices: the one-device
+    losses and the subprocess's {name: losses, name/eval: ..., name/splits: ...}."""
     corpus = write_corpus(tmp_path / "docs")
     loop.train(config(corpus), str(tmp_path / "one"))
-    want, want_eval = losses(tmp_path / "one"), losses(tmp_path / "one", "eval_loss")
-    meshes = {"seq4": {"data": 2, "sequence": 4}}
     r = subprocess.run([sys.executable, "-c", SCRIPT, corpus, str(tmp_path),
                         json.dumps(meshes)], cwd=ROOT, capture_output=True, text=True,
                        timeout=900,
                        env=env(XLA_FLAGS="--xla_force_host_platform_device_count=8"))
     assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.split("LOSSES", 1)[1])
+    return losses(tmp_path / "one"), json.loads(r.stdout.split("LOSSES", 1)[1])
+
+
+def test_sequence_split_training_matches_one_device(tmp_path):
+    want, out = one_device_then_meshes(tmp_path, {"seq4": {"data": 2, "sequence": 4}})
+    want_eval = losses(tmp_path / "one", "eval_loss")
     assert len(want) == MODEL["train.steps"] and len(want_eval) == 2
     assert_close({int(k): v for k, v in out["seq4"].items()}, want)
     assert_close({int(k): v for k, v in out["seq4/eval"].items()}, want_eval)
@@ -94,17 +100,9 @@ def test_sequence_split_training_matches_one_device(tmp_path):
 def test_sequence_over_8_and_beside_fsdp_and_tensor(tmp_path):
     """mesh.sequence = 8 alone, and sequence 2 x fsdp 2 x tensor 2 (measured: 8.2e-7 and
     3.1e-7 of the one-device losses; mesh.sequence = 4 above, 5.1e-7)."""
-    corpus = write_corpus(tmp_path / "docs")
-    loop.train(config(corpus), str(tmp_path / "one"))
-    want = losses(tmp_path / "one")
-    meshes = {"seq8": {"data": 1, "sequence": 8},
-              "mixed": {"data": 1, "fsdp": 2, "tensor": 2, "sequence": 2}}
-    r = subprocess.run([sys.executable, "-c", SCRIPT, corpus, str(tmp_path),
-                        json.dumps(meshes)], cwd=ROOT, capture_output=True, text=True,
-                       timeout=900,
-                       env=env(XLA_FLAGS="--xla_force_host_platform_device_count=8"))
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout.split("LOSSES", 1)[1])
+    want, out = one_device_then_meshes(tmp_path, {
+        "seq8": {"data": 1, "sequence": 8},
+        "mixed": {"data": 1, "fsdp": 2, "tensor": 2, "sequence": 2}})
     for name, n in (("seq8", 8), ("mixed", 2)):
         assert out[name + "/splits"] == [n] * 6, (name, out[name + "/splits"])
         assert_close({int(k): v for k, v in out[name].items()}, want)
