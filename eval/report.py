@@ -219,20 +219,59 @@ def recall_table(records: list[dict], best: dict, task: str,
                     + settings, rows)
 
 
+# A seed "learns" a recall task when its result at the best lr reaches half: MQAR's
+# accuracy and NIAH's headline exact match at the training length. Runs are mostly all or
+# nothing (MQAR's 0.064 or 0.996 of one recipe; NIAH above 0.9 or under 0.05), so the
+# count of seeds that learn separates "fails more often" from "is worse on average".
+LEARNED_AT = 0.5
+
+
+def against_most_reliable(counts: dict[tuple, tuple[int, int]]) -> dict[tuple, str]:
+    """{(task, setting, mixer, size): (successes, runs)} -> for each key, its count set
+    against the most reliable key of the same setting and width (the larger fraction;
+    among equal ones, the more runs) by Fisher's exact test (eval.intervals.fisher_exact,
+    two-sided; p >= 0.05: the rates are not told apart), or "-" for that key itself."""
+    def reliability(key):
+        k, n = counts[key]
+        return (k / n, n)
+    top: dict[tuple, tuple] = {}
+    for key, (_, n) in counts.items():
+        group = (key[1], key[3])
+        if n and (group not in top or reliability(key) > reliability(top[group])):
+            top[group] = key
+    out = {}
+    for key, (k, n) in counts.items():
+        ref = top.get((key[1], key[3]))
+        if ref is None or ref == key:
+            out[key] = "-"
+        else:
+            rk, rn = counts[ref]
+            out[key] = f"{ref[2]} ({rk} of {rn}): p {intervals.fisher_exact(k, n, rk, rn):.3g}"
+    return out
+
+
 def by_seed_table(best: dict, task: str, metric: str | None = None) -> str:
     """Per (mixer, size, setting) at its best lr: the primary metric (`metric` if given) of
     each seed, "seed: value" in seed order. MQAR learning is a sudden drop whose step
     varies by seed, so a mean with a wide interval is often one run that never learned the
     task beside runs that did; the means alone cannot say which."""
     name, _ = primary(task, metric)
-    rows = []
-    for (t, setting, mixer, size), b in sorted(best.items()):
-        if t != task:
+    cells, counts = [], {}
+    for key, b in sorted(best.items()):
+        if key[0] != task:
             continue
         runs = sorted(b["records"], key=lambda r: r.get("seed", 0))
-        rows.append([setting, mixer, size, b["lr"], ", ".join(
-            f"{r.get('seed')}: {_fmt(metric_value(r, name))}" for r in runs)])
-    return md_table(["setting", "mixer", "size", "lr", f"{name} by seed"], sorted(rows))
+        values = [metric_value(r, name) for r in runs]
+        finite = [v for v in values if v is not None and math.isfinite(v)]
+        counts[key] = (sum(v >= LEARNED_AT for v in finite), len(finite))
+        cells.append((key, b["lr"], ", ".join(
+            f"{r.get('seed')}: {_fmt(v)}" for r, v in zip(runs, values))))
+    against = against_most_reliable(counts)
+    rows = [[key[1], key[2], key[3], lr, by_seed, "{} of {}".format(*counts[key]),
+             against[key]] for key, lr, by_seed in cells]
+    return md_table(["setting", "mixer", "size", "lr", f"{name} by seed",
+                     f"seeds >= {LEARNED_AT:g}",
+                     "against the most reliable (Fisher's exact)"], sorted(rows))
 
 
 def settings_table(best: dict, task: str = "mqar") -> str:
@@ -390,20 +429,11 @@ def niah_seeds_table(best: dict) -> str:
                     + ["per-digit (grid)", "best val loss"], table)
 
 
-# A seed "retrieves" when at least half of its headline needles at the training length
-# come back exact. The runs so far are mostly all or nothing (a seed either learns the
-# task, above 0.9, or does not, under 0.05), so the count of seeds that retrieve is
-# what separates "fails more often" from "is worse on average".
-RETRIEVES_AT = 0.5
-
-
 def niah_retrieval_table(best: dict) -> str:
-    """Per (mixer, size, setting) at its best lr: how many seeds retrieve (headline
-    task's exact match at the training length >= RETRIEVES_AT), and Fisher's exact test
-    of that count against the mixer of the same setting and width whose seeds retrieve
-    most often (eval.intervals.fisher_exact; p >= 0.05: the failure rates are not told
-    apart)."""
-    counts = {}
+    """Per (mixer, size, setting) at its best lr: how many seeds retrieve (the headline
+    task's exact match at the training length >= LEARNED_AT), set against the mixer whose
+    seeds retrieve most often (against_most_reliable)."""
+    counts, lrs = {}, {}
     for key, b in sorted(best.items()):
         if key[0] != "niah":
             continue
@@ -412,28 +442,12 @@ def niah_retrieval_table(best: dict) -> str:
             grid = record["metrics"].get("grid", {})
             exact.append(_at_length(grid, grid.get("train_length")))
         exact = [v for v in exact if v is not None]
-        counts[key] = (sum(v >= RETRIEVES_AT for v in exact), len(exact), b["lr"])
+        counts[key], lrs[key] = (sum(v >= LEARNED_AT for v in exact), len(exact)), b["lr"]
     if not counts:
         return ""
-    def reliability(key):  # the larger fraction; among equal ones, the more seeds
-        k, n, _ = counts[key]
-        return (k / n, n)
-    top = {}  # (setting, size) -> the key whose seeds retrieve most often
-    for key, (_, n, _) in counts.items():
-        group = (key[1], key[3])
-        if n and (group not in top or reliability(key) > reliability(top[group])):
-            top[group] = key
-    rows = []
-    for key, (k, n, lr) in counts.items():
-        _, setting, mixer, size = key
-        ref = top.get((setting, size))
-        if ref is None or ref == key:
-            against = "-"
-        else:
-            rk, rn, _ = counts[ref]
-            p = intervals.fisher_exact(k, n, rk, rn)
-            against = f"{ref[2]} ({rk} of {rn}): p {p:.3g}"
-        rows.append([mixer, size, setting, lr, f"{k} of {n}", against])
+    against = against_most_reliable(counts)
+    rows = [[key[2], key[3], key[1], lrs[key], "{} of {}".format(*counts[key]), against[key]]
+            for key in counts]
     return md_table(["mixer", "size", "setting", "lr", "seeds that retrieve",
                      "against the most reliable mixer (Fisher's exact, two-sided)"], rows)
 
@@ -534,7 +548,7 @@ def markdown(records: list[dict], *, title: str, settings_order: Sequence[str] =
                       "no retrieval shows here, not in the means)", "",
                       niah_seeds_table(best)]
             parts += ["", f"### Seeds that retrieve (headline exact match >= "
-                      f"{RETRIEVES_AT:g} at the training length)", "",
+                      f"{LEARNED_AT:g} at the training length)", "",
                       niah_retrieval_table(best)]
             for key, b in sorted(best.items()):
                 if key[0] == "niah":

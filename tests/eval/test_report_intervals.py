@@ -178,15 +178,26 @@ def test_niah_seeds_table_lists_each_seed_at_the_training_length():
 
 def test_by_seed_table_shows_a_failed_seed_beside_the_others():
     """The best lr's seeds in seed order with their own accuracies (the 0.064-or-0.996
-    MQAR run of issue 18), one row per cell; the worse lr's seeds are not listed."""
+    MQAR run of issue 18), one row per cell; the worse lr's seeds are not listed. Each
+    cell counts its seeds at accuracy >= 0.5 and sets the count against the most
+    reliable mixer of its setting and width (more seeds among equal fractions)."""
     recs = [_rec("a", "d64", 1e-3, 2, 0.995), _rec("a", "d64", 1e-3, 0, 0.996),
             _rec("a", "d64", 1e-3, 1, 0.064), _rec("a", "d64", 1e-2, 0, 0.05),
-            _rec("a", "d64", 1e-2, 1, 0.06), _rec("b", "d128", 1e-3, 0, 0.5)]
+            _rec("a", "d64", 1e-2, 1, 0.06), _rec("b", "d128", 1e-3, 0, 0.5),
+            _rec("c", "d64", 1e-3, 0, 0.99), _rec("c", "d64", 1e-3, 1, 0.98),
+            _rec("d", "d64", 1e-3, 0, 0.97)]
     lines = report.by_seed_table(report.best_lr(recs), "mqar").splitlines()
-    assert lines[0] == "| setting | mixer | size | lr | accuracy by seed |"
-    assert lines[2] == "| T256_kv16 | a | d64 | 0.001 | 0: 0.996, 1: 0.064, 2: 0.995 |"
-    assert lines[3] == "| T256_kv16 | b | d128 | 0.001 | 0: 0.500 |"
-    assert len(lines) == 4
+    assert lines[0] == ("| setting | mixer | size | lr | accuracy by seed | seeds >= 0.5 | "
+                        "against the most reliable (Fisher's exact) |")
+    # 2 of 3 against c's 2 of 2: C(4, k) C(1, 3 - k) / 10 is 0.6 at the observed k = 2
+    # and 0.4 at k = 3 (the only counts the margins allow): p 1
+    assert lines[2] == ("| T256_kv16 | a | d64 | 0.001 | 0: 0.996, 1: 0.064, 2: 0.995 | "
+                        "2 of 3 | c (2 of 2): p 1 |")
+    assert lines[3] == "| T256_kv16 | b | d128 | 0.001 | 0: 0.500 | 1 of 1 | - |"
+    assert lines[4] == "| T256_kv16 | c | d64 | 0.001 | 0: 0.990, 1: 0.980 | 2 of 2 | - |"
+    assert lines[5] == ("| T256_kv16 | d | d64 | 0.001 | 0: 0.970 | 1 of 1 | "
+                        "c (2 of 2): p 1 |")
+    assert len(lines) == 6
     assert "### Each seed at the best lr" in report.markdown(recs, title="t")
 
 
