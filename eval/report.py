@@ -226,6 +226,13 @@ def recall_table(records: list[dict], best: dict, task: str,
 LEARNED_AT = 0.5
 
 
+def learned_count(values: Iterable[Any]) -> tuple[int, int]:
+    """(seeds at LEARNED_AT or above, seeds with a result): a run without a finite result
+    (not evaluated, diverged) is left out of both, as the intervals leave it out."""
+    finite = [float(v) for v in values if v is not None and math.isfinite(float(v))]
+    return sum(v >= LEARNED_AT for v in finite), len(finite)
+
+
 def against_most_reliable(counts: dict[tuple, tuple[int, int]]) -> dict[tuple, str]:
     """{(task, setting, mixer, size): (successes, runs)} -> for each key, its count set
     against the most reliable key of the same setting and width (the larger fraction;
@@ -262,8 +269,7 @@ def by_seed_table(best: dict, task: str, metric: str | None = None) -> str:
             continue
         runs = sorted(b["records"], key=lambda r: r.get("seed", 0))
         values = [metric_value(r, name) for r in runs]
-        finite = [v for v in values if v is not None and math.isfinite(v)]
-        counts[key] = (sum(v >= LEARNED_AT for v in finite), len(finite))
+        counts[key] = learned_count(values)
         cells.append((key, b["lr"], ", ".join(
             f"{r.get('seed')}: {_fmt(v)}" for r, v in zip(runs, values))))
     against = against_most_reliable(counts)
@@ -433,21 +439,17 @@ def niah_retrieval_table(best: dict) -> str:
     """Per (mixer, size, setting) at its best lr: how many seeds retrieve (the headline
     task's exact match at the training length >= LEARNED_AT), set against the mixer whose
     seeds retrieve most often (against_most_reliable)."""
-    counts, lrs = {}, {}
+    counts = {}
     for key, b in sorted(best.items()):
         if key[0] != "niah":
             continue
-        exact = []
-        for record in b["records"]:
-            grid = record["metrics"].get("grid", {})
-            exact.append(_at_length(grid, grid.get("train_length")))
-        exact = [v for v in exact if v is not None]
-        counts[key], lrs[key] = (sum(v >= LEARNED_AT for v in exact), len(exact)), b["lr"]
+        grids = [record["metrics"].get("grid", {}) for record in b["records"]]
+        counts[key] = learned_count(_at_length(g, g.get("train_length")) for g in grids)
     if not counts:
         return ""
     against = against_most_reliable(counts)
-    rows = [[key[2], key[3], key[1], lrs[key], "{} of {}".format(*counts[key]), against[key]]
-            for key in counts]
+    rows = [[key[2], key[3], key[1], best[key]["lr"], "{} of {}".format(*counts[key]),
+             against[key]] for key in counts]
     return md_table(["mixer", "size", "setting", "lr", "seeds that retrieve",
                      "against the most reliable mixer (Fisher's exact, two-sided)"], rows)
 
