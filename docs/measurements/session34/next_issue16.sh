@@ -81,11 +81,11 @@ has packed && rows packed_T2048 170 $LM "$STEPS" "model.mixer=softmax $(big $T2)
 has packed && rows packed_T8192 220 $LM "$STEPS_T8192" "model.mixer=softmax $(big $T8)" \
   "model.mixer=softmax $PK=128 $(big $T8)" "model.mixer=gated_deltanet $(big $T8)" \
   "$HYBRID $PK=128 $(big $T8)"
-# 7. (PARTS=document) the d1024 rows on documents longer than the context
+# 7. (PARTS=document; document_t2048 for the T 2,048 row alone) the d1024 rows on documents longer than the context
 #    (data.sample_by=document, the data's default: tiny-Shakespeare as one document, one
 #    run per row), where softmax needs the whole causal T x T: the long-context comparison.
 DOC="data.sample_by=document"
-has document && rows document_T2048 170 $LM "$STEPS" "model.mixer=softmax $(big $T2) $DOC" \
+{ has document || has document_t2048; } && rows document_T2048 170 $LM "$STEPS" "model.mixer=softmax $(big $T2) $DOC" \
   "model.mixer=gated_deltanet $(big $T2) $DOC" "$HYBRID $(big $T2) $DOC"
 has document && rows document_T8192 220 $LM "$STEPS_T8192" "model.mixer=softmax $(big $T8) $DOC" \
   "model.mixer=gated_deltanet $(big $T8) $DOC" "model.mixer=based $(big $T8) $DOC" \
