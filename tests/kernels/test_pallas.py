@@ -5,6 +5,8 @@ float64 lax.scan recurrence (also written here, independent of kernels/). Both k
 variants run: "gpu" (the Triton-lowering program) and "tpu" (the Mosaic TPU program).
 Shapes are tiny (interpret mode is slow): D = 16/32, chunk 16.
 """
+import functools
+
 import numpy as np
 import pytest
 
@@ -157,8 +159,11 @@ def gdn_inputs(seed, b, t, h, kd, vd, beta_mode="random"):
 def test_gdn_forward_and_grads_match_float64(variant, t, beta_mode, setting):
     kwargs = GPU_SETTINGS[setting]
     q, k, v, g, beta, s0 = gdn_inputs(t, 2, t, 2, 16, 32, beta_mode)
-    o, st = kp.gated_delta_rule(q, k, v, g, beta, initial_state=s0, return_state=True,
-                                chunk_size=C, variant=variant, **kwargs)
+    # the kernels jitted, forward and gradients: one program each (eagerly, every op of
+    # the interpreted kernels would compile and run alone, several times slower)
+    o, st = jax.jit(functools.partial(kp.gated_delta_rule, return_state=True, chunk_size=C,
+                                      variant=variant, **kwargs))(
+        q, k, v, g, beta, initial_state=s0)
     ro, rst = np_gdn(q, k, v, g, beta, s0)
     assert o.dtype == jnp.float32 and st.dtype == jnp.float32
     assert rel(o, ro) <= 1e-5 and rel(st, rst) <= 1e-5
@@ -172,9 +177,9 @@ def test_gdn_forward_and_grads_match_float64(variant, t, beta_mode, setting):
             return jnp.sum(out * co.astype(dtype)) + jnp.sum(state * cs.astype(dtype))
         return jax.grad(f, argnums=tuple(range(6)))
 
-    got = loss(lambda *a: kp.gated_delta_rule(*a[:5], initial_state=a[5], return_state=True,
-                                              chunk_size=C, variant=variant, **kwargs),
-               np.float32)(q, k, v, g, beta, s0)
+    got = jax.jit(loss(lambda *a: kp.gated_delta_rule(
+        *a[:5], initial_state=a[5], return_state=True, chunk_size=C, variant=variant,
+        **kwargs), np.float32))(q, k, v, g, beta, s0)
     with jax.enable_x64():
         ref = loss(jax_gdn64, np.float64)(*(jnp.asarray(x, jnp.float64)
                                             for x in (q, k, v, g, beta, s0)))
@@ -229,9 +234,9 @@ def test_linear_forward_and_grads_match_float64(variant, normalize, decay, t, se
     eps = 1e-6
     q, k, v, ld, g, s0, z0 = linear_inputs(t, t, decay, normalize)
     init = (s0, z0) if normalize else s0
-    o, state = kp.linear_attention(q, k, v, normalize=normalize, eps=eps, log_decay=ld,
-                                   initial_state=init, return_state=True, chunk_size=C,
-                                   variant=variant, tuning=tuning)
+    o, state = jax.jit(functools.partial(
+        kp.linear_attention, normalize=normalize, eps=eps, return_state=True, chunk_size=C,
+        variant=variant, tuning=tuning))(q, k, v, log_decay=ld, initial_state=init)
     ro, rs, rz = np_linear(q, k, v, g, s0, z0 if normalize else 0 * z0, normalize, eps)
     assert rel(o, ro) <= 1e-5
     if normalize:
@@ -261,7 +266,8 @@ def test_linear_forward_and_grads_match_float64(variant, normalize, decay, t, se
 
     # gradient w.r.t. a per-token decay only where the op takes one
     g_in = g if decay != "heads" else ld
-    got = jax.grad(mine, argnums=tuple(range(6)))(q, k, v, g_in if decay else g, s0, z0)
+    got = jax.jit(jax.grad(mine, argnums=tuple(range(6))))(
+        q, k, v, g_in if decay else g, s0, z0)
     with jax.enable_x64():
         def ref_wrapped(q, k, v, gg, s0, z0):
             gt = jnp.broadcast_to(gg, q.shape[:3]) if decay == "heads" else gg

@@ -5,6 +5,7 @@ chunks, so piece bounds fall at document starts inside chunks, at chunk starts, 
 document spanning several pieces, and in a row that is one document (every piece but
 the last then walks one chunk). The "gpu" program in interpret mode on CPU."""
 import dataclasses
+import functools
 
 import numpy as np
 import pytest
@@ -66,8 +67,8 @@ def test_linear_pieces_match_float64(piece_chunks):
     q, k, v, ld, g, s0, z0 = test_pallas.linear_inputs(13, T, "tokens", True, B, H, K, V)
     kw = dict(normalize=True, eps=1e-6, segment_ids=seg, chunk_size=C, variant="gpu",
               tuning=tuning(piece_chunks))
-    o, (st, z) = kp.linear_attention(q, k, v, log_decay=ld, initial_state=(s0, z0),
-                                     return_state=True, **kw)
+    o, (st, z) = jax.jit(functools.partial(kp.linear_attention, return_state=True, **kw))(
+        q, k, v, log_decay=ld, initial_state=(s0, z0))
     ro, rs, rz = reference.linear_attention(q, k, v, normalize=True, eps=1e-6,
                                             log_decay=ld, segment_ids=seg,
                                             initial_state=(s0, z0))
@@ -84,8 +85,8 @@ def test_linear_pieces_match_float64(piece_chunks):
                                           return_state=True, **kw)
         return out, s
 
-    got = jax.grad(lambda *a: loss(mine(*a), np.float32), argnums=tuple(range(5)))(
-        q, k, v, g, s0)
+    got = jax.jit(jax.grad(lambda *a: loss(mine(*a), np.float32),
+                           argnums=tuple(range(5))))(q, k, v, g, s0)
 
     def ref_fn(q, k, v, gg, s0):
         z = jnp.asarray(z0, s0.dtype)

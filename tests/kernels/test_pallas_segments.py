@@ -8,6 +8,8 @@ Rows: boundaries at a chunk start (32), mid-chunk and mid-block (40, 5), one-tok
 documents (at 0 and at 40), a document spanning three chunks (row 1, from 5), ids that do
 not start at 0 (row 1 starts at 7) and a row that is one document (row 2).
 """
+import functools
+
 import numpy as np
 import pytest
 
@@ -62,7 +64,10 @@ def check_gdn_against_float64(seg, inputs, kw, seed):
     float64 references: outputs and final state (the token loop), and the gradients of
     every input for a random cotangent from `seed` (jax.grad of the float64 scan)."""
     q, k, v, g, beta, s0 = inputs
-    o, st = kp.gated_delta_rule(q, k, v, g, beta, initial_state=s0, return_state=True, **kw)
+    # jitted: one program each way (eagerly, every op of the interpreted kernels would
+    # compile and run alone, several times slower on a CPU)
+    o, st = jax.jit(functools.partial(kp.gated_delta_rule, return_state=True, **kw))(
+        q, k, v, g, beta, initial_state=s0)
     ro, rst = reference.gated_delta_rule(q, k, v, g, beta, segment_ids=seg,
                                          initial_state=s0)
     assert rel(o, ro) <= 1e-5 and rel(st, rst) <= 1e-5
@@ -74,9 +79,9 @@ def check_gdn_against_float64(seg, inputs, kw, seed):
         out, state = outs
         return jnp.sum(out * co.astype(dtype)) + jnp.sum(state * cs.astype(dtype))
 
-    got = jax.grad(lambda *a: loss(kp.gated_delta_rule(
+    got = jax.jit(jax.grad(lambda *a: loss(kp.gated_delta_rule(
         *a[:5], initial_state=a[5], return_state=True, **kw), np.float32),
-        argnums=tuple(range(6)))(q, k, v, g, beta, s0)
+        argnums=tuple(range(6))))(q, k, v, g, beta, s0)
     ref = grads64(loss, lambda *a: test_pallas.jax_gdn64(*a, starts_of(seg)), inputs)
     for name, a, r in zip(["dq", "dk", "dv", "dlog_alpha", "dbeta", "ds0"], got, ref):
         assert rel(a, r) <= 1e-5, (name, rel(a, r))
@@ -100,8 +105,8 @@ def test_linear_with_segments_matches_float64(variant, normalize, decay):
     eps = 1e-6
     init = (s0, z0) if normalize else s0
     kw = dict(normalize=normalize, eps=eps, segment_ids=seg, chunk_size=C, variant=variant)
-    o, state = kp.linear_attention(q, k, v, log_decay=ld, initial_state=init,
-                                   return_state=True, **kw)
+    o, state = jax.jit(functools.partial(kp.linear_attention, return_state=True, **kw))(
+        q, k, v, log_decay=ld, initial_state=init)
     ro, rs, rz = reference.linear_attention(q, k, v, normalize=normalize, eps=eps,
                                             log_decay=ld, segment_ids=seg,
                                             initial_state=init)
@@ -126,8 +131,8 @@ def test_linear_with_segments_matches_float64(variant, normalize, decay):
         return out, s, z
 
     g_in = ld if decay == "heads" else g
-    got = jax.grad(lambda *a: loss(mine(*a), np.float32),
-                   argnums=tuple(range(6)))(q, k, v, g_in, s0, z0)
+    got = jax.jit(jax.grad(lambda *a: loss(mine(*a), np.float32),
+                           argnums=tuple(range(6))))(q, k, v, g_in, s0, z0)
     starts = starts_of(seg)
 
     def ref_fn(q, k, v, gg, s0, z0):

@@ -1,5 +1,7 @@
 """kernels.window_linear: LoLCATs' hybrid attention in its three forms against each other
 and against identities (float32 on CPU)."""
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -35,11 +37,13 @@ def test_blocked_equals_quadratic_with_gradients(window, packed):
         return jnp.sum(form(*a, window=window, segment_ids=seg) * cot)
 
     blocked = lambda *a, **kw: wl.hybrid_blocked(*a, impl="chunk", chunk_size=8, **kw)
-    np.testing.assert_allclose(blocked(*args, window=window, segment_ids=seg),
-                               wl.hybrid_quadratic(*args, window=window, segment_ids=seg),
-                               rtol=1e-5, atol=1e-5)
-    g_blocked = jax.grad(lambda *a: loss(blocked, *a), argnums=range(6))(*args)
-    g_quad = jax.grad(lambda *a: loss(wl.hybrid_quadratic, *a), argnums=range(6))(*args)
+    # each form jitted (one program; eagerly, every op of the chunk form compiles alone)
+    np.testing.assert_allclose(
+        jax.jit(lambda *a: blocked(*a, window=window, segment_ids=seg))(*args),
+        wl.hybrid_quadratic(*args, window=window, segment_ids=seg), rtol=1e-5, atol=1e-5)
+    g_blocked = jax.jit(jax.grad(lambda *a: loss(blocked, *a), argnums=range(6)))(*args)
+    g_quad = jax.jit(jax.grad(lambda *a: loss(wl.hybrid_quadratic, *a),
+                              argnums=range(6)))(*args)
     for a, b in zip(g_blocked, g_quad):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-4)
 
@@ -53,14 +57,15 @@ def test_window_covering_the_sequence_is_softmax_attention():
     a = np.exp(s - s.max(-1, keepdims=True))
     ref = np.einsum("bhts,bshd->bthd", a / a.sum(-1, keepdims=True), vn)
     for form in (wl.hybrid_quadratic, wl.hybrid_blocked):
-        np.testing.assert_allclose(form(q, k, fq, fk, v, gamma, window=T), ref,
-                                   rtol=1e-5, atol=1e-5)
+        got = jax.jit(functools.partial(form, window=T))(q, k, fq, fk, v, gamma)
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
 
 
 def test_segments_are_documents_alone():
     args = _inputs(2)
     seg = jnp.asarray(SEGMENTS)
-    packed = wl.hybrid_blocked(*args, window=5, segment_ids=seg, impl="chunk", chunk_size=8)
+    packed = jax.jit(functools.partial(wl.hybrid_blocked, window=5, segment_ids=seg,
+                                       impl="chunk", chunk_size=8))(*args)
     for lo, hi in [(0, 11), (11, 24), (24, 29)]:
         alone = wl.hybrid_quadratic(*(x[:1, lo:hi] if x.ndim > 1 else x for x in args),
                                     window=5)
