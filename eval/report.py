@@ -280,6 +280,41 @@ def by_seed_table(best: dict, task: str, metric: str | None = None) -> str:
                      "against the most reliable (Fisher's exact)"], sorted(rows))
 
 
+def _learned_value(record: dict, task: str, name: str):
+    """What decides whether a run learned its recall task (LEARNED_AT): MQAR's metric
+    `name`; NIAH's headline exact match at the training length."""
+    if task == "niah":
+        grid = record.get("metrics", {}).get("grid", {})
+        return _at_length(grid, grid.get("train_length"))
+    return metric_value(record, name)
+
+
+def every_lr_table(records: list[dict], best: dict, task: str,
+                   metric: str | None = None) -> str:
+    """Every lr run of each (setting, mixer, size), not only the best: its mean primary
+    metric with the 95% interval over seeds and how many seeds learned the task, the best
+    lr marked. The tables above compare each mixer at its own best lr (Zoology's
+    protocol), so a mixer given more lrs has more chances; this one shows each at every
+    lr, and which lrs the mixers share. "" when no cell ran more than one lr."""
+    name, _ = primary(task, metric)
+    runs: dict[tuple, dict[float, list]] = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        if r.get("task") == task:
+            runs[(task, r["setting"], r["mixer"], r["size"])][float(r["lr"])].append(r)
+    if all(len(by_lr) < 2 for by_lr in runs.values()):
+        return ""
+    rows = []
+    for key in sorted(runs):
+        b = best[key]
+        for lr in sorted(runs[key]):
+            learned = learned_count(_learned_value(r, task, name) for r in runs[key][lr])
+            rows.append([key[1], key[2], key[3], lr, intervals.fmt(b["by_lr"][lr]),
+                         "{} of {}".format(*learned),
+                         "best" if lr == b["lr"] else ""])
+    return md_table(["setting", "mixer", "size", "lr", f"{name} ± 95% (n seeds)",
+                     f"seeds >= {LEARNED_AT:g}", "best lr"], rows)
+
+
 def settings_table(best: dict, task: str = "mqar") -> str:
     """Per (mixer, size, training setting) at its best lr: the mean accuracy over seeds at
     each test setting (metrics["settings"], sweeps.tasks) and their mean (Zoology's
@@ -507,6 +542,10 @@ def _mean(vals):
     return sum(vals) / len(vals) if vals else None
 
 
+EVERY_LR_TITLE = ("### Every lr (the tables above show each mixer at its best lr; "
+                  "here every lr it ran)")
+
+
 def markdown(records: list[dict], *, title: str, settings_order: Sequence[str] = (),
              plots: Sequence[str] = (), failed: Sequence[str] = (),
              metric: str | None = None) -> str:
@@ -532,6 +571,9 @@ def markdown(records: list[dict], *, title: str, settings_order: Sequence[str] =
                       recall_table(records, best, "mqar", settings_order)]
             parts += ["", "### Each seed at the best lr", "",
                       by_seed_table(best, "mqar", metric)]
+            every_lr = every_lr_table(records, best, "mqar", metric)
+            if every_lr:
+                parts += ["", EVERY_LR_TITLE, "", every_lr]
             per_setting = settings_table(best)
             if per_setting:
                 parts += ["", "### Accuracy per test setting at the best lr (mean over "
@@ -552,6 +594,9 @@ def markdown(records: list[dict], *, title: str, settings_order: Sequence[str] =
             parts += ["", f"### Seeds that retrieve (headline exact match >= "
                       f"{LEARNED_AT:g} at the training length)", "",
                       niah_retrieval_table(best)]
+            every_lr = every_lr_table(records, best, "niah", metric)
+            if every_lr:
+                parts += ["", EVERY_LR_TITLE, "", every_lr]
             for key, b in sorted(best.items()):
                 if key[0] == "niah":
                     parts += ["", f"### {key[2]} {key[3]} (lr {b['lr']:g}): exact match "

@@ -223,3 +223,45 @@ def test_niah_retrieval_table_counts_seeds_and_tests_them_against_the_most_relia
     # 1 of 6 against 6 of 6: 14 / 924 = 0.01515 (tests/eval/test_intervals.py)
     assert rows["c"] == ["1 of 6", "b (6 of 6): p 0.0152 |"]
     assert "### Seeds that retrieve" in report.markdown(recs, title="t")
+
+
+def test_every_lr_table_lists_each_lr_with_its_interval_and_learned_seeds():
+    """Every lr a cell ran, not only the best: the mean with its 95% t-interval (a, d64 at
+    1e-2: 0.4, 0.5, 0.6 -> 0.5 ± 4.302653 x 0.1 / sqrt(3) = 0.248), the seeds at >= 0.5
+    (0.5 counts) and the best lr marked; empty when every cell ran one lr."""
+    recs = _records()
+    lines = report.every_lr_table(recs, report.best_lr(recs), "mqar").splitlines()
+    assert lines[0] == ("| setting | mixer | size | lr | accuracy ± 95% (n seeds) | "
+                        "seeds >= 0.5 | best lr |")
+    rows = [line.split(" | ") for line in lines[2:]]
+    assert [r[1:4] for r in rows] == [["a", "d128", "0.001"], ["a", "d64", "0.001"],
+                                      ["a", "d64", "0.010"], ["b", "d128", "0.001"],
+                                      ["b", "d64", "0.001"], ["c", "d64", "0.001"]]
+    assert rows[1][4:] == ["0.900 ± 0.248 (n 3)", "3 of 3", "best |"]
+    assert rows[2][4:] == ["0.500 ± 0.248 (n 3)", "2 of 3", " |"]
+    assert rows[3][4:] == ["0.990 (n 1, no interval)", "1 of 1", "best |"]
+    assert rows[5][4:] == ["0.300 ± 0.025 (n 3)", "0 of 3", "best |"]
+    assert "### Every lr" in report.markdown(recs, title="t")
+    one_lr = [r for r in recs if r["lr"] == 1e-3]
+    assert report.every_lr_table(one_lr, report.best_lr(one_lr), "mqar") == ""
+    assert "### Every lr" not in report.markdown(one_lr, title="t")
+
+
+def test_every_lr_table_counts_niah_seeds_at_the_training_length():
+    """NIAH's learned seeds by the headline exact match at the training length (0.9 at
+    512 learns even where the grid mean, which the interval shows, is under 0.5)."""
+    def rec(seed, lr, at_train, beyond):
+        cells = [{"length": 512, "depth": 0.0, "exact": at_train},
+                 {"length": 4096, "depth": 0.0, "exact": beyond}]
+        return {"task": "niah", "setting": "L512", "mixer": "m", "size": "d8", "lr": lr,
+                "seed": seed, "metrics": {"exact": (at_train + beyond) / 2, "grid": {
+                    "kind": "passkey", "train_length": 512, "cells": cells}}}
+
+    recs = [rec(0, 1e-3, 0.9, 0.0), rec(1, 1e-3, 0.1, 0.0),
+            rec(0, 3e-4, 1.0, 0.2), rec(1, 3e-4, 1.0, 0.4)]
+    lines = report.every_lr_table(recs, report.best_lr(recs), "niah").splitlines()
+    rows = {line.split(" | ")[3]: line.split(" | ")[4:] for line in lines[2:]}
+    # 3e-4: grid means 0.6, 0.7 -> 0.65 ± 12.706205 x 0.0707107 / sqrt(2) = 0.635
+    assert rows["3.00e-04"] == ["0.650 ± 0.635 (n 2)", "2 of 2", "best |"]
+    # 1e-3: 0.45, 0.05 -> 0.25 ± 12.706205 x 0.2828427 / sqrt(2) = 2.541
+    assert rows["0.001"] == ["0.250 ± 2.541 (n 2)", "1 of 2", " |"]
