@@ -311,8 +311,13 @@ def every_lr_table(records: list[dict], best: dict, task: str,
             rows.append([key[1], key[2], key[3], lr, intervals.fmt(b["by_lr"][lr]),
                          "{} of {}".format(*learned),
                          "best" if lr == b["lr"] else ""])
-    return md_table(["setting", "mixer", "size", "lr", f"{name} ± 95% (n seeds)",
-                     f"seeds >= {LEARNED_AT:g}", "best lr"], rows)
+    # NIAH's primary metric is the headline task over the whole length x depth grid; a
+    # seed counts as learned by that task at the training length (niah_retrieval_table)
+    value, learned = ((f"{name} over the grid ± 95% (n seeds)",
+                       f"seeds >= {LEARNED_AT:g} at the training length")
+                      if task == "niah" else
+                      (f"{name} ± 95% (n seeds)", f"seeds >= {LEARNED_AT:g}"))
+    return md_table(["setting", "mixer", "size", "lr", value, learned, "best lr"], rows)
 
 
 def settings_table(best: dict, task: str = "mqar") -> str:

@@ -260,6 +260,8 @@ def test_every_lr_table_counts_niah_seeds_at_the_training_length():
     recs = [rec(0, 1e-3, 0.9, 0.0), rec(1, 1e-3, 0.1, 0.0),
             rec(0, 3e-4, 1.0, 0.2), rec(1, 3e-4, 1.0, 0.4)]
     lines = report.every_lr_table(recs, report.best_lr(recs), "niah").splitlines()
+    assert lines[0].split(" | ")[4:6] == ["exact over the grid ± 95% (n seeds)",
+                                          "seeds >= 0.5 at the training length"]
     rows = {line.split(" | ")[3]: line.split(" | ")[4:] for line in lines[2:]}
     # 3e-4: grid means 0.6, 0.7 -> 0.65 ± 12.706205 x 0.0707107 / sqrt(2) = 0.635
     assert rows["3.00e-04"] == ["0.650 ± 0.635 (n 2)", "2 of 2", "best |"]
