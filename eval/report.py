@@ -66,7 +66,8 @@ def best_lr(records: Iterable[dict], metric: str | None = None) -> dict[tuple, d
     (`metric` if given).
 
     Returns {key: {"lr", "value" (mean over seeds), "seeds", "records" (those of that lr),
-    "interval" (eval.intervals.Interval of that lr's seeds), "by_lr" ({lr: Interval})}}.
+    "interval" (eval.intervals.Interval of that lr's seeds), "by_lr" ({lr: Interval}),
+    "records_by_lr" ({lr: that lr's records})}}.
     Records whose metric is missing or NaN (a diverged run) never win; a group where
     every lr diverged keeps value NaN.
     """
@@ -96,6 +97,7 @@ def best_lr(records: Iterable[dict], metric: str | None = None) -> dict[tuple, d
                     "records": by_lr[lr]}
         best["interval"] = ivs[best["lr"]]
         best["by_lr"] = ivs
+        best["records_by_lr"] = dict(by_lr)
         out[key] = best
     return out
 
@@ -289,25 +291,20 @@ def _learned_value(record: dict, task: str, name: str):
     return metric_value(record, name)
 
 
-def every_lr_table(records: list[dict], best: dict, task: str,
-                   metric: str | None = None) -> str:
+def every_lr_table(best: dict, task: str, metric: str | None = None) -> str:
     """Every lr run of each (setting, mixer, size), not only the best: its mean primary
     metric with the 95% interval over seeds and how many seeds learned the task, the best
     lr marked. The tables above compare each mixer at its own best lr (Zoology's
     protocol), so a mixer given more lrs has more chances; this one shows each at every
     lr, and which lrs the mixers share. "" when no cell ran more than one lr."""
     name, _ = primary(task, metric)
-    runs: dict[tuple, dict[float, list]] = defaultdict(lambda: defaultdict(list))
-    for r in records:
-        if r.get("task") == task:
-            runs[(task, r["setting"], r["mixer"], r["size"])][float(r["lr"])].append(r)
-    if all(len(by_lr) < 2 for by_lr in runs.values()):
+    cells = {key: b for key, b in best.items() if key[0] == task}
+    if all(len(b["records_by_lr"]) < 2 for b in cells.values()):
         return ""
     rows = []
-    for key in sorted(runs):
-        b = best[key]
-        for lr in sorted(runs[key]):
-            learned = learned_count(_learned_value(r, task, name) for r in runs[key][lr])
+    for key, b in sorted(cells.items()):
+        for lr, runs in sorted(b["records_by_lr"].items()):
+            learned = learned_count(_learned_value(r, task, name) for r in runs)
             rows.append([key[1], key[2], key[3], lr, intervals.fmt(b["by_lr"][lr]),
                          "{} of {}".format(*learned),
                          "best" if lr == b["lr"] else ""])
@@ -483,8 +480,8 @@ def niah_retrieval_table(best: dict) -> str:
     for key, b in sorted(best.items()):
         if key[0] != "niah":
             continue
-        grids = [record["metrics"].get("grid", {}) for record in b["records"]]
-        counts[key] = learned_count(_at_length(g, g.get("train_length")) for g in grids)
+        counts[key] = learned_count(_learned_value(r, "niah", primary("niah")[0])
+                                   for r in b["records"])
     if not counts:
         return ""
     against = against_most_reliable(counts)
@@ -576,7 +573,7 @@ def markdown(records: list[dict], *, title: str, settings_order: Sequence[str] =
                       recall_table(records, best, "mqar", settings_order)]
             parts += ["", "### Each seed at the best lr", "",
                       by_seed_table(best, "mqar", metric)]
-            every_lr = every_lr_table(records, best, "mqar", metric)
+            every_lr = every_lr_table(best, "mqar", metric)
             if every_lr:
                 parts += ["", EVERY_LR_TITLE, "", every_lr]
             per_setting = settings_table(best)
@@ -599,7 +596,7 @@ def markdown(records: list[dict], *, title: str, settings_order: Sequence[str] =
             parts += ["", f"### Seeds that retrieve (headline exact match >= "
                       f"{LEARNED_AT:g} at the training length)", "",
                       niah_retrieval_table(best)]
-            every_lr = every_lr_table(records, best, "niah", metric)
+            every_lr = every_lr_table(best, "niah", metric)
             if every_lr:
                 parts += ["", EVERY_LR_TITLE, "", every_lr]
             for key, b in sorted(best.items()):

@@ -230,7 +230,7 @@ def test_every_lr_table_lists_each_lr_with_its_interval_and_learned_seeds():
     1e-2: 0.4, 0.5, 0.6 -> 0.5 ± 4.302653 x 0.1 / sqrt(3) = 0.248), the seeds at >= 0.5
     (0.5 counts) and the best lr marked; empty when every cell ran one lr."""
     recs = _records()
-    lines = report.every_lr_table(recs, report.best_lr(recs), "mqar").splitlines()
+    lines = report.every_lr_table(report.best_lr(recs), "mqar").splitlines()
     assert lines[0] == ("| setting | mixer | size | lr | accuracy ± 95% (n seeds) | "
                         "seeds >= 0.5 | best lr |")
     rows = [line.split(" | ") for line in lines[2:]]
@@ -243,7 +243,7 @@ def test_every_lr_table_lists_each_lr_with_its_interval_and_learned_seeds():
     assert rows[5][4:] == ["0.300 ± 0.025 (n 3)", "0 of 3", "best |"]
     assert "### Every lr" in report.markdown(recs, title="t")
     one_lr = [r for r in recs if r["lr"] == 1e-3]
-    assert report.every_lr_table(one_lr, report.best_lr(one_lr), "mqar") == ""
+    assert report.every_lr_table(report.best_lr(one_lr), "mqar") == ""
     assert "### Every lr" not in report.markdown(one_lr, title="t")
 
 
@@ -259,7 +259,7 @@ def test_every_lr_table_counts_niah_seeds_at_the_training_length():
 
     recs = [rec(0, 1e-3, 0.9, 0.0), rec(1, 1e-3, 0.1, 0.0),
             rec(0, 3e-4, 1.0, 0.2), rec(1, 3e-4, 1.0, 0.4)]
-    lines = report.every_lr_table(recs, report.best_lr(recs), "niah").splitlines()
+    lines = report.every_lr_table(report.best_lr(recs), "niah").splitlines()
     assert lines[0].split(" | ")[4:6] == ["exact over the grid ± 95% (n seeds)",
                                           "seeds >= 0.5 at the training length"]
     rows = {line.split(" | ")[3]: line.split(" | ")[4:] for line in lines[2:]}
