@@ -401,15 +401,41 @@ def niah_tasks_table(best: dict) -> str:
     the best mixer of the same setting and width ([best], [tie], [?]: eval.intervals);
     multi-value tasks also by value (RULER's string_match_all). "" when the records hold
     no task beyond passkey and multi-key."""
-    rows, names = [], []
-    for (task, setting, mixer, size), b in sorted(best.items()):
-        if task != "niah":
+    entries = [(key, b["lr"], b["records"]) for key, b in sorted(best.items())
+               if key[0] == "niah"]
+    return _niah_tasks(entries, lambda key, lr: (key[1], key[3]), basic_tasks_too=False)
+
+
+def niah_same_lr_table(best: dict) -> str:
+    """Every NIAH task at the training length, mixers compared at one lr: for each lr that
+    two or more mixers of a (setting, width) ran, each one's mean ± 95% t-interval there,
+    marked against the best mixer at that lr. Each mixer at its own best lr (the tables
+    above, Zoology's protocol) favours the mixer given more lrs and can hide a task on
+    which the other's best lr was its worse one (softmax's multi-value at 1e-3, session
+    46); at one lr both had the same chance. "" where no lr was run by two mixers."""
+    groups: dict[tuple, list] = defaultdict(list)
+    for key, b in sorted(best.items()):
+        if key[0] != "niah":
             continue
-        grids = [niah_task_grids(r["metrics"]) for r in b["records"]]
+        for lr, records in sorted(b["records_by_lr"].items()):
+            groups[(key[1], key[3], lr)].append((key, lr, records))
+    entries = [entry for _, members in sorted(groups.items()) if len(members) > 1
+               for entry in members]
+    return _niah_tasks(entries, lambda key, lr: (key[1], key[3], lr), basic_tasks_too=True)
+
+
+def _niah_tasks(entries: Sequence[tuple], group_of, basic_tasks_too: bool) -> str:
+    """The table of niah_tasks_table / niah_same_lr_table: one row per (key, lr, records)
+    entry, one column per task (and per value for multi-value tasks), each cell marked
+    against the best row of its group (group_of(key, lr)). basic_tasks_too=False: "" when
+    the records hold no task beyond passkey and multi-key (niah_summary_table has them)."""
+    rows, names = [], []
+    for key, lr, records in entries:
+        grids = [niah_task_grids(r["metrics"]) for r in records]
         for g in grids:
             names += [n for n in g if n not in names]
-        rows.append(((task, setting, mixer, size), b, grids))
-    if not rows or set(names) <= {"passkey", "multikey"}:
+        rows.append((key, lr, grids))
+    if not rows or (not basic_tasks_too and set(names) <= {"passkey", "multikey"}):
         return ""
     columns = []  # (task name, cell metric, header)
     for n in names:
@@ -417,28 +443,29 @@ def niah_tasks_table(best: dict) -> str:
         if any("per_value" in g.get(n, {}) for _, _, gs in rows for g in gs):
             columns.append((n, "per_value", f"{n} per value @train"))
     ivs = {}
-    for key, b, grids in rows:
+    for key, lr, grids in rows:
         for col in columns:
             n, metric, _ = col
             vals = []
             for g in grids:
                 grid = g.get(n, {})
                 vals.append(_at_length_of(grid, grid.get("train_length"), metric))
-            ivs[key, col] = intervals.mean_interval(v for v in vals if v is not None)
+            ivs[key, lr, col] = intervals.mean_interval(v for v in vals if v is not None)
     marks = {}
     groups: dict[tuple, list] = defaultdict(list)
-    for key, _, _ in rows:
-        groups[(key[1], key[3])].append(key)
-    for keys in groups.values():
+    for key, lr, _ in rows:
+        groups[group_of(key, lr)].append((key, lr))
+    for members in groups.values():
         for col in columns:
-            for key, mark in zip(keys, intervals.marks([ivs[k, col] for k in keys])):
-                marks[key, col] = mark
+            points = [ivs[key, lr, col] for key, lr in members]
+            for (key, lr), mark in zip(members, intervals.marks(points)):
+                marks[key, lr, col] = mark
     table = []
-    for key, b, grids in rows:
+    for key, lr, _ in rows:
         _, setting, mixer, size = key
-        row = [mixer, size, setting, b["lr"]]
+        row = [mixer, size, setting, lr]
         for col in columns:
-            iv, mark = ivs[key, col], marks.get((key, col), "")
+            iv, mark = ivs[key, lr, col], marks.get((key, lr, col), "")
             row.append(intervals.fmt(iv) + (f" [{mark}]" if mark else ""))
         table.append(row)
     return md_table(["mixer", "size", "setting", "lr"] + [h for _, _, h in columns], table)
@@ -546,6 +573,8 @@ def _mean(vals):
 
 EVERY_LR_TITLE = ("### Every lr (the tables above show each mixer at its best lr; "
                   "here every lr it ran)")
+SAME_LR_TITLE = ("### Every NIAH task with the mixers at one lr (each lr two or more "
+                 "mixers ran; marks against the best at that lr)")
 
 
 def markdown(records: list[dict], *, title: str, settings_order: Sequence[str] = (),
@@ -599,6 +628,9 @@ def markdown(records: list[dict], *, title: str, settings_order: Sequence[str] =
             every_lr = every_lr_table(best, "niah", metric)
             if every_lr:
                 parts += ["", EVERY_LR_TITLE, "", every_lr]
+            same_lr = niah_same_lr_table(best)
+            if same_lr:
+                parts += ["", SAME_LR_TITLE, "", same_lr]
             for key, b in sorted(best.items()):
                 if key[0] == "niah":
                     parts += ["", f"### {key[2]} {key[3]} (lr {b['lr']:g}): exact match "

@@ -267,3 +267,54 @@ def test_every_lr_table_counts_niah_seeds_at_the_training_length():
     assert rows["3.00e-04"] == ["0.650 ± 0.635 (n 2)", "2 of 2", "best |"]
     # 1e-3: 0.45, 0.05 -> 0.25 ± 12.706205 x 0.2828427 / sqrt(2) = 2.541
     assert rows["0.001"] == ["0.250 ± 2.541 (n 2)", "1 of 2", " |"]
+
+
+def test_niah_same_lr_table_compares_mixers_at_each_shared_lr():
+    """Mixers side by side at each lr two of them ran, not each at its own best lr: b's
+    best lr (1e-3, by the grid's headline exact match) is its worse one on multi-value,
+    which only the same-lr rows show. Cells: the mean at the training length over seeds
+    with its 95% t-interval, marked within (setting, size, lr); an lr one mixer ran alone
+    (b's 1e-3, a's 1e-2) has no rows, and the section is absent when no lr is shared."""
+    def grid(kind, at_train, beyond=0.0):
+        return {"kind": kind, "train_length": 512,
+                "cells": [{"length": 512, "depth": 0.0, "exact": at_train},
+                          {"length": 1024, "depth": 0.0, "exact": beyond}]}
+
+    def rec(mixer, lr, seed, exact, passkey, mv):
+        return {"task": "niah", "setting": "L512", "mixer": mixer, "size": "d8", "lr": lr,
+                "seed": seed, "metrics": {"exact": exact, "grid": grid("passkey", passkey),
+                                          "grid_mv": grid("mv", mv)}}
+
+    recs = []
+    for seed, mv in enumerate((0.7, 0.8, 0.9)):      # b at 3e-4: mv 0.8 ± 0.248
+        recs.append(rec("b", 3e-4, seed, 0.5, 1.0, mv))
+    for seed, mv in enumerate((0.1, 0.1, 0.1)):      # b at 1e-3: its best lr (0.6 > 0.5)
+        recs.append(rec("b", 1e-3, seed, 0.6, 1.0, mv))
+    for seed, mv in enumerate((0.0, 0.02, 0.04)):    # a at 3e-4: mv 0.02 ± 0.050
+        recs.append(rec("a", 3e-4, seed, 0.5, 1.0, mv))
+    for seed in range(2):
+        recs.append(rec("a", 1e-2, seed, 0.0, 0.0, 0.0))
+    best = report.best_lr(recs)
+    assert best["niah", "L512", "b", "d8"]["lr"] == 1e-3
+    lines = report.niah_same_lr_table(best).splitlines()
+    assert lines[0] == "| mixer | size | setting | lr | passkey @train | mv @train |"
+    rows = [line.split(" | ") for line in lines[2:]]
+    assert [r[:4] for r in rows] == [["| a", "d8", "L512", "3.00e-04"],
+                                     ["| b", "d8", "L512", "3.00e-04"]]
+    # passkey 1.000 ± 0.000 in both: a tie (the first of equal means is "best")
+    assert rows[0][4] == "1.000 ± 0.000 (n 3) [best]"
+    assert rows[1][4] == "1.000 ± 0.000 (n 3) [tie]"
+    # mv: b 0.8 ± 4.302653 x 0.1 / sqrt(3) = 0.248 [best]; a 0.02 ± 4.302653 x 0.02 /
+    # sqrt(3) = 0.050: [-0.03, 0.07] lies apart from b's [0.55, 1.05], so a is unmarked
+    assert rows[1][5] == "0.800 ± 0.248 (n 3) [best] |"
+    assert rows[0][5] == "0.020 ± 0.050 (n 3) |"
+    # at each one's best lr (the per-task table) b's multi-value is its 1e-3's 0.100
+    best_rows = [line.split(" | ") for line in
+                 report.niah_tasks_table(best).splitlines()[2:]]
+    assert [r[3] for r in best_rows] == ["3.00e-04", "0.001"]
+    assert best_rows[1][5] == "0.100 ± 0.000 (n 3) [best] |"
+    md = report.markdown(recs, title="t")
+    assert "### Every NIAH task with the mixers at one lr" in md
+    apart = [r for r in recs if r["lr"] != 3e-4]
+    assert report.niah_same_lr_table(report.best_lr(apart)) == ""
+    assert "with the mixers at one lr" not in report.markdown(apart, title="t")
