@@ -296,25 +296,37 @@ def every_lr_table(best: dict, task: str, metric: str | None = None) -> str:
     metric with the 95% interval over seeds and how many seeds learned the task, the best
     lr marked. The tables above compare each mixer at its own best lr (Zoology's
     protocol), so a mixer given more lrs has more chances; this one shows each at every
-    lr, and which lrs the mixers share. "" when no cell ran more than one lr."""
-    name, _ = primary(task, metric)
+    lr, and, where two or more mixers of a (setting, size) ran the same lr, marks each
+    against the best of them at that lr ([best], [tie], [?]: eval.intervals). "" when no
+    cell ran more than one lr."""
+    name, higher = primary(task, metric)
     cells = {key: b for key, b in best.items() if key[0] == task}
     if all(len(b["records_by_lr"]) < 2 for b in cells.values()):
         return ""
+    same_lr: dict[tuple, list] = defaultdict(list)  # (setting, size, lr) -> keys
+    for key, b in cells.items():
+        for lr in b["by_lr"]:
+            same_lr[(key[1], key[3], lr)].append(key)
+    at_lr = {}
+    for (_, _, lr), keys in same_lr.items():
+        if len(keys) > 1:
+            points = [cells[k]["by_lr"][lr] for k in keys]
+            at_lr.update({(k, lr): m for k, m in zip(keys, intervals.marks(points, higher))})
     rows = []
     for key, b in sorted(cells.items()):
         for lr, runs in sorted(b["records_by_lr"].items()):
             learned = learned_count(_learned_value(r, task, name) for r in runs)
             rows.append([key[1], key[2], key[3], lr, intervals.fmt(b["by_lr"][lr]),
                          "{} of {}".format(*learned),
-                         "best" if lr == b["lr"] else ""])
+                         "best" if lr == b["lr"] else "", at_lr.get((key, lr), "")])
     # NIAH's primary metric is the headline task over the whole length x depth grid; a
     # seed counts as learned by that task at the training length (niah_retrieval_table)
     value, learned = ((f"{name} over the grid ± 95% (n seeds)",
                        f"seeds >= {LEARNED_AT:g} at the training length")
                       if task == "niah" else
                       (f"{name} ± 95% (n seeds)", f"seeds >= {LEARNED_AT:g}"))
-    return md_table(["setting", "mixer", "size", "lr", value, learned, "best lr"], rows)
+    return md_table(["setting", "mixer", "size", "lr", value, learned, "best lr",
+                     "against the mixers at this lr"], rows)
 
 
 def settings_table(best: dict, task: str = "mqar") -> str:

@@ -228,19 +228,24 @@ def test_niah_retrieval_table_counts_seeds_and_tests_them_against_the_most_relia
 def test_every_lr_table_lists_each_lr_with_its_interval_and_learned_seeds():
     """Every lr a cell ran, not only the best: the mean with its 95% t-interval (a, d64 at
     1e-2: 0.4, 0.5, 0.6 -> 0.5 ± 4.302653 x 0.1 / sqrt(3) = 0.248), the seeds at >= 0.5
-    (0.5 counts) and the best lr marked; empty when every cell ran one lr."""
+    (0.5 counts), the best lr marked, and each point marked against the other mixers of
+    its width at the same lr (d64 at 1e-3: a [0.652, 1.148] best, b [0.675, 0.725] a tie,
+    c [0.275, 0.325] apart; d128: b's one seed leaves a undecided; a's 1e-2 alone: no
+    mark); empty when every cell ran one lr."""
     recs = _records()
     lines = report.every_lr_table(report.best_lr(recs), "mqar").splitlines()
     assert lines[0] == ("| setting | mixer | size | lr | accuracy ± 95% (n seeds) | "
-                        "seeds >= 0.5 | best lr |")
+                        "seeds >= 0.5 | best lr | against the mixers at this lr |")
     rows = [line.split(" | ") for line in lines[2:]]
     assert [r[1:4] for r in rows] == [["a", "d128", "0.001"], ["a", "d64", "0.001"],
                                       ["a", "d64", "0.010"], ["b", "d128", "0.001"],
                                       ["b", "d64", "0.001"], ["c", "d64", "0.001"]]
-    assert rows[1][4:] == ["0.900 ± 0.248 (n 3)", "3 of 3", "best |"]
-    assert rows[2][4:] == ["0.500 ± 0.248 (n 3)", "2 of 3", " |"]
-    assert rows[3][4:] == ["0.990 (n 1, no interval)", "1 of 1", "best |"]
-    assert rows[5][4:] == ["0.300 ± 0.025 (n 3)", "0 of 3", "best |"]
+    assert rows[0][4:] == ["0.960 ± 0.025 (n 3)", "3 of 3", "best", "? |"]
+    assert rows[1][4:] == ["0.900 ± 0.248 (n 3)", "3 of 3", "best", "best |"]
+    assert rows[2][4:] == ["0.500 ± 0.248 (n 3)", "2 of 3", "", " |"]
+    assert rows[3][4:] == ["0.990 (n 1, no interval)", "1 of 1", "best", "best |"]
+    assert rows[4][4:] == ["0.700 ± 0.025 (n 3)", "3 of 3", "best", "tie |"]
+    assert rows[5][4:] == ["0.300 ± 0.025 (n 3)", "0 of 3", "best", " |"]
     assert "### Every lr" in report.markdown(recs, title="t")
     one_lr = [r for r in recs if r["lr"] == 1e-3]
     assert report.every_lr_table(report.best_lr(one_lr), "mqar") == ""
@@ -264,9 +269,9 @@ def test_every_lr_table_counts_niah_seeds_at_the_training_length():
                                           "seeds >= 0.5 at the training length"]
     rows = {line.split(" | ")[3]: line.split(" | ")[4:] for line in lines[2:]}
     # 3e-4: grid means 0.6, 0.7 -> 0.65 ± 12.706205 x 0.0707107 / sqrt(2) = 0.635
-    assert rows["3.00e-04"] == ["0.650 ± 0.635 (n 2)", "2 of 2", "best |"]
+    assert rows["3.00e-04"] == ["0.650 ± 0.635 (n 2)", "2 of 2", "best", " |"]
     # 1e-3: 0.45, 0.05 -> 0.25 ± 12.706205 x 0.2828427 / sqrt(2) = 2.541
-    assert rows["0.001"] == ["0.250 ± 2.541 (n 2)", "1 of 2", " |"]
+    assert rows["0.001"] == ["0.250 ± 2.541 (n 2)", "1 of 2", "", " |"]
 
 
 def test_niah_same_lr_table_compares_mixers_at_each_shared_lr():
