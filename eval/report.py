@@ -423,8 +423,8 @@ def niah_same_lr_table(best: dict) -> str:
     two or more mixers of a (setting, width) ran, each one's mean ± 95% t-interval there,
     marked against the best mixer at that lr. Each mixer at its own best lr (the tables
     above, Zoology's protocol) favours the mixer given more lrs and can hide a task on
-    which the other's best lr was its worse one (softmax's multi-value at 1e-3, session
-    46); at one lr both had the same chance. "" where no lr was run by two mixers."""
+    which another mixer's best lr (chosen by the headline task) was its worse one; at one
+    lr both had the same chance. "" where no lr was run by two mixers."""
     groups: dict[tuple, list] = defaultdict(list)
     for key, b in sorted(best.items()):
         if key[0] != "niah":
