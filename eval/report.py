@@ -102,20 +102,26 @@ def best_lr(records: Iterable[dict], metric: str | None = None) -> dict[tuple, d
     return out
 
 
+def marks_within(points: dict, group_of, higher: bool = True,
+                 alone: bool = True) -> dict:
+    """{name: "best" | "tie" | "?" | ""} of each Interval in `points` ({name: Interval})
+    against the best of its group (group_of(name)): eval.intervals.marks within every
+    group. alone=False leaves a group of one point unmarked (nothing to compare with)."""
+    groups: dict[Any, list] = defaultdict(list)
+    for name in points:
+        groups[group_of(name)].append(name)
+    out = {}
+    for members in groups.values():
+        if alone or len(members) > 1:
+            out.update(zip(members, intervals.marks([points[m] for m in members], higher)))
+    return out
+
+
 def column_marks(best: dict, task: str) -> dict[tuple, str]:
     """{key: "best" | "tie" | "?" | ""} of each point against the best mixer of its
-    (setting, size): eval.intervals.marks within every such group."""
-    groups: dict[tuple, list] = defaultdict(list)
-    for key in best:
-        if key[0] == task:
-            groups[(key[1], key[3])].append(key)
-    higher = PRIMARY[task][1]
-    out = {}
-    for keys in groups.values():
-        for key, mark in zip(keys, intervals.marks([best[k]["interval"] for k in keys],
-                                                   higher)):
-            out[key] = mark
-    return out
+    (setting, size)."""
+    return marks_within({key: b["interval"] for key, b in best.items() if key[0] == task},
+                        lambda key: (key[1], key[3]), PRIMARY[task][1])
 
 
 def _cell(b: dict, mark: str = "") -> str:
@@ -303,15 +309,10 @@ def every_lr_table(best: dict, task: str, metric: str | None = None) -> str:
     cells = {key: b for key, b in best.items() if key[0] == task}
     if all(len(b["records_by_lr"]) < 2 for b in cells.values()):
         return ""
-    same_lr: dict[tuple, list] = defaultdict(list)  # (setting, size, lr) -> keys
-    for key, b in cells.items():
-        for lr in b["by_lr"]:
-            same_lr[(key[1], key[3], lr)].append(key)
-    at_lr = {}
-    for (_, _, lr), keys in same_lr.items():
-        if len(keys) > 1:
-            points = [cells[k]["by_lr"][lr] for k in keys]
-            at_lr.update({(k, lr): m for k, m in zip(keys, intervals.marks(points, higher))})
+    at_lr = marks_within({(key, lr): iv for key, b in cells.items()
+                          for lr, iv in b["by_lr"].items()},
+                         lambda key_lr: (key_lr[0][1], key_lr[0][3], key_lr[1]), higher,
+                         alone=False)
     rows = []
     for key, b in sorted(cells.items()):
         for lr, runs in sorted(b["records_by_lr"].items()):
@@ -464,14 +465,10 @@ def _niah_tasks(entries: Sequence[tuple], group_of, basic_tasks_too: bool) -> st
                 vals.append(_at_length_of(grid, grid.get("train_length"), metric))
             ivs[key, lr, col] = intervals.mean_interval(v for v in vals if v is not None)
     marks = {}
-    groups: dict[tuple, list] = defaultdict(list)
-    for key, lr, _ in rows:
-        groups[group_of(key, lr)].append((key, lr))
-    for members in groups.values():
-        for col in columns:
-            points = [ivs[key, lr, col] for key, lr in members]
-            for (key, lr), mark in zip(members, intervals.marks(points)):
-                marks[key, lr, col] = mark
+    for col in columns:
+        col_marks = marks_within({(key, lr): ivs[key, lr, col] for key, lr, _ in rows},
+                                 lambda key_lr: group_of(*key_lr))
+        marks.update({(key, lr, col): m for (key, lr), m in col_marks.items()})
     table = []
     for key, lr, _ in rows:
         _, setting, mixer, size = key
