@@ -269,7 +269,9 @@ def by_seed_table(best: dict, task: str, metric: str | None = None) -> str:
     """Per (mixer, size, setting) at its best lr: the primary metric (`metric` if given) of
     each seed, "seed: value" in seed order. MQAR learning is a sudden drop whose step
     varies by seed, so a mean with a wide interval is often one run that never learned the
-    task beside runs that did; the means alone cannot say which."""
+    task beside runs that did; the means alone cannot say which. Last, where one more
+    seed should land (eval.intervals.prediction_interval, 95%): what a re-run with an
+    unused seed is checked against, twice as wide as the mean's interval at 3 seeds."""
     name, _ = primary(task, metric)
     cells, counts = [], {}
     for key, b in sorted(best.items()):
@@ -278,14 +280,22 @@ def by_seed_table(best: dict, task: str, metric: str | None = None) -> str:
         runs = sorted(b["records"], key=lambda r: r.get("seed", 0))
         values = [metric_value(r, name) for r in runs]
         counts[key] = learned_count(values)
+        new_seed = intervals.prediction_interval(v for v in values if v is not None)
         cells.append((key, b["lr"], ", ".join(
-            f"{r.get('seed')}: {_fmt(v)}" for r, v in zip(runs, values))))
+            f"{r.get('seed')}: {_fmt(v)}" for r, v in zip(runs, values)),
+            _bounds(new_seed)))
     against = against_most_reliable(counts)
     rows = [[key[1], key[2], key[3], lr, by_seed, "{} of {}".format(*counts[key]),
-             against[key]] for key, lr, by_seed in cells]
+             against[key], new_seed] for key, lr, by_seed, new_seed in cells]
     return md_table(["setting", "mixer", "size", "lr", f"{name} by seed",
                      f"seeds >= {LEARNED_AT:g}",
-                     "against the most reliable (Fisher's exact)"], sorted(rows))
+                     "against the most reliable (Fisher's exact)", "a new seed, 95%"],
+                    sorted(rows))
+
+
+def _bounds(iv: intervals.Interval) -> str:
+    """"[0.875, 1.095] (n 2)", or "-" where there is no interval (fewer than 2 values)."""
+    return f"[{iv.lo:.3f}, {iv.hi:.3f}] (n {iv.n})" if iv.decided else "-"
 
 
 def _learned_value(record: dict, task: str, name: str):
@@ -437,11 +447,26 @@ def niah_same_lr_table(best: dict) -> str:
     return _niah_tasks(entries, lambda key, lr: (key[1], key[3], lr), basic_tasks_too=True)
 
 
-def _niah_tasks(entries: Sequence[tuple], group_of, basic_tasks_too: bool) -> str:
-    """The table of niah_tasks_table / niah_same_lr_table: one row per (key, lr, records)
-    entry, one column per task (and per value for multi-value tasks), each cell marked
-    against the best row of its group (group_of(key, lr)). basic_tasks_too=False: "" when
-    the records hold no task beyond passkey and multi-key (niah_summary_table has them)."""
+def niah_new_seed_table(best: dict) -> str:
+    """Every NIAH task at the training length, at each mixer's best lr: where one more
+    seed should land (eval.intervals.prediction_interval, 95%), the interval a re-run
+    with an unused seed is checked against; the mean's interval (the tables above) holds
+    a new seed only about 5 times in 6 at 3 seeds."""
+    entries = [(key, b["lr"], b["records"]) for key, b in sorted(best.items())
+               if key[0] == "niah"]
+    return _niah_tasks(entries, lambda key, lr: (key[1], key[3]), basic_tasks_too=True,
+                       new_seed=True)
+
+
+def _niah_tasks(entries: Sequence[tuple], group_of, basic_tasks_too: bool,
+                new_seed: bool = False) -> str:
+    """The table of niah_tasks_table / niah_same_lr_table / niah_new_seed_table: one row
+    per (key, lr, records) entry, one column per task (and per value for multi-value
+    tasks), each cell the mean's interval marked against the best row of its group
+    (group_of(key, lr)), or with new_seed the unmarked prediction interval of one more
+    seed. basic_tasks_too=False: "" when the records hold no task beyond passkey and
+    multi-key (niah_summary_table has them)."""
+    interval = intervals.prediction_interval if new_seed else intervals.mean_interval
     rows, names = [], []
     for key, lr, records in entries:
         grids = [niah_task_grids(r["metrics"]) for r in records]
@@ -463,9 +488,9 @@ def _niah_tasks(entries: Sequence[tuple], group_of, basic_tasks_too: bool) -> st
             for g in grids:
                 grid = g.get(n, {})
                 vals.append(_at_length_of(grid, grid.get("train_length"), metric))
-            ivs[key, lr, col] = intervals.mean_interval(v for v in vals if v is not None)
+            ivs[key, lr, col] = interval(v for v in vals if v is not None)
     marks = {}
-    for col in columns:
+    for col in ([] if new_seed else columns):
         col_marks = marks_within({(key, lr): ivs[key, lr, col] for key, lr, _ in rows},
                                  lambda key_lr: group_of(*key_lr))
         marks.update({(key, lr, col): m for (key, lr), m in col_marks.items()})
@@ -475,7 +500,10 @@ def _niah_tasks(entries: Sequence[tuple], group_of, basic_tasks_too: bool) -> st
         row = [mixer, size, setting, lr]
         for col in columns:
             iv, mark = ivs[key, lr, col], marks.get((key, lr, col), "")
-            row.append(intervals.fmt(iv) + (f" [{mark}]" if mark else ""))
+            if new_seed:
+                row.append(_bounds(iv))
+            else:
+                row.append(intervals.fmt(iv) + (f" [{mark}]" if mark else ""))
         table.append(row)
     return md_table(["mixer", "size", "setting", "lr"] + [h for _, _, h in columns], table)
 
@@ -582,6 +610,9 @@ def _mean(vals):
 
 EVERY_LR_TITLE = ("### Every lr (the tables above show each mixer at its best lr; "
                   "here every lr it ran)")
+NEW_SEED_TITLE = ("### Where one more seed should land (95% prediction interval at the "
+                  "best lr, every task at the training length; a re-run with an unused "
+                  "seed is checked against it)")
 SAME_LR_TITLE = ("### Every NIAH task with the mixers at one lr (each lr two or more "
                  "mixers ran; marks against the best at that lr)")
 
@@ -631,6 +662,7 @@ def markdown(records: list[dict], *, title: str, settings_order: Sequence[str] =
             parts += ["", "### Each seed at the training length (a seed that learns "
                       "no retrieval shows here, not in the means)", "",
                       niah_seeds_table(best)]
+            parts += ["", NEW_SEED_TITLE, "", niah_new_seed_table(best)]
             parts += ["", f"### Seeds that retrieve (headline exact match >= "
                       f"{LEARNED_AT:g} at the training length)", "",
                       niah_retrieval_table(best)]

@@ -180,7 +180,8 @@ def test_by_seed_table_shows_a_failed_seed_beside_the_others():
     """The best lr's seeds in seed order with their own accuracies (the 0.064-or-0.996
     MQAR run of issue 18), one row per cell; the worse lr's seeds are not listed. Each
     cell counts its seeds at accuracy >= 0.5 and sets the count against the most
-    reliable mixer of its setting and width (more seeds among equal fractions)."""
+    reliable mixer of its setting and width (more seeds among equal fractions), and gives
+    where one more seed should land (the 95% prediction interval)."""
     recs = [_rec("a", "d64", 1e-3, 2, 0.995), _rec("a", "d64", 1e-3, 0, 0.996),
             _rec("a", "d64", 1e-3, 1, 0.064), _rec("a", "d64", 1e-2, 0, 0.05),
             _rec("a", "d64", 1e-2, 1, 0.06), _rec("b", "d128", 1e-3, 0, 0.5),
@@ -188,15 +189,19 @@ def test_by_seed_table_shows_a_failed_seed_beside_the_others():
             _rec("d", "d64", 1e-3, 0, 0.97)]
     lines = report.by_seed_table(report.best_lr(recs), "mqar").splitlines()
     assert lines[0] == ("| setting | mixer | size | lr | accuracy by seed | seeds >= 0.5 | "
-                        "against the most reliable (Fisher's exact) |")
+                        "against the most reliable (Fisher's exact) | a new seed, 95% |")
     # 2 of 3 against c's 2 of 2: C(4, k) C(1, 3 - k) / 10 is 0.6 at the observed k = 2
-    # and 0.4 at k = 3 (the only counts the margins allow): p 1
+    # and 0.4 at k = 3 (the only counts the margins allow): p 1.
+    # A new seed of a: mean 0.685, s = sqrt((0.311^2 + 0.621^2 + 0.310^2) / 2) = 0.537802,
+    # 0.685 +- 4.302653 x 0.537802 x sqrt(1 + 1/3) = 0.685 +- 2.671949
     assert lines[2] == ("| T256_kv16 | a | d64 | 0.001 | 0: 0.996, 1: 0.064, 2: 0.995 | "
-                        "2 of 3 | c (2 of 2): p 1 |")
-    assert lines[3] == "| T256_kv16 | b | d128 | 0.001 | 0: 0.500 | 1 of 1 | - |"
-    assert lines[4] == "| T256_kv16 | c | d64 | 0.001 | 0: 0.990, 1: 0.980 | 2 of 2 | - |"
+                        "2 of 3 | c (2 of 2): p 1 | [-1.987, 3.357] (n 3) |")
+    assert lines[3] == "| T256_kv16 | b | d128 | 0.001 | 0: 0.500 | 1 of 1 | - | - |"
+    # c: 0.985 +- 12.706205 x 0.007071 x sqrt(1 + 1/2) = 0.985 +- 0.110039
+    assert lines[4] == ("| T256_kv16 | c | d64 | 0.001 | 0: 0.990, 1: 0.980 | 2 of 2 | - | "
+                        "[0.875, 1.095] (n 2) |")
     assert lines[5] == ("| T256_kv16 | d | d64 | 0.001 | 0: 0.970 | 1 of 1 | "
-                        "c (2 of 2): p 1 |")
+                        "c (2 of 2): p 1 | - |")
     assert len(lines) == 6
     assert "### Each seed at the best lr" in report.markdown(recs, title="t")
 
@@ -318,8 +323,17 @@ def test_niah_same_lr_table_compares_mixers_at_each_shared_lr():
                  report.niah_tasks_table(best).splitlines()[2:]]
     assert [r[3] for r in best_rows] == ["3.00e-04", "0.001"]
     assert best_rows[1][5] == "0.100 ± 0.000 (n 3) [best] |"
+    # where a new seed should land, at each one's best lr, unmarked: a's passkey 1.0 in
+    # every seed gives [1.000, 1.000]; a's mv at 3e-4 0.02 +- 4.302653 x 0.02 x
+    # sqrt(4/3) = 0.02 +- 0.099364; b's mv at 1e-3 0.1 in every seed
+    new_seed = [line.split(" | ") for line in
+                report.niah_new_seed_table(best).splitlines()[2:]]
+    assert [r[3:] for r in new_seed] == [
+        ["3.00e-04", "[1.000, 1.000] (n 3)", "[-0.079, 0.119] (n 3) |"],
+        ["0.001", "[1.000, 1.000] (n 3)", "[0.100, 0.100] (n 3) |"]]
     md = report.markdown(recs, title="t")
     assert "### Every NIAH task with the mixers at one lr" in md
+    assert report.NEW_SEED_TITLE in md
     apart = [r for r in recs if r["lr"] != 3e-4]
     assert report.niah_same_lr_table(report.best_lr(apart)) == ""
     assert "with the mixers at one lr" not in report.markdown(apart, title="t")

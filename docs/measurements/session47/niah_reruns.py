@@ -1,23 +1,42 @@
-"""Session 47: do softmax's and the hybrid's new seeds 3-5 at lr 3e-4 land inside the
-95% t-intervals of seeds 0-2 (published in sessions 45-46)?"""
-import json, numpy as np
-from scipy import stats
-r = [json.loads(l) for l in open('results.jsonl')]
-tasks = [('passkey', ''), ('multikey', '_multikey'), ('passkey7', '_passkey7'), ('mk2', '_mk2'),
-         ('mk3', '_mk3'), ('mv', '_mv')]
-def at_train(g):
-    cells = [c for c in g['cells'] if c['length'] == g['train_length']]
-    return sum(c['exact'] * c['examples'] for c in cells) / sum(c['examples'] for c in cells)
-inside = total = 0
-for mixer in ['softmax', 'hybrid']:
-    rows = sorted([x for x in r if x['mixer'] == mixer and abs(x['lr'] - 3e-4) < 1e-9], key=lambda x: x['seed'])
-    cols = [(n, (lambda m, t=t: at_train(m['grid' + t]))) for n, t in tasks] + [('passkey grid', lambda m: m['exact'])]
-    for name, f in cols:
-        v = np.array([f(x['metrics']) for x in rows]); seeds = [x['seed'] for x in rows]
-        old, new = v[:3], v[3:]
-        h = stats.t.ppf(0.975, 2) * old.std(ddof=1) / np.sqrt(3)
-        lo, hi = old.mean() - h, old.mean() + h
-        ins = [(lo <= y <= hi) for y in new]
-        inside += sum(ins); total += len(ins)
-        print(f"{mixer:8s} {name:13s} seeds{seeds[:3]} {old.mean():.3f} [{lo:.3f}, {hi:.3f}]  new {' '.join(f'{y:.3f}' for y in new)}  inside {sum(ins)}/3")
-print(f"inside {inside} of {total}")
+"""Session 47: do softmax's and the hybrid's new seeds 3-5 at lr 3e-4 land inside what
+seeds 0-2 (published in sessions 45-46) gave: the 95% t-interval of the mean, and the 95%
+prediction interval of one more seed (eval.intervals.prediction_interval: sqrt(n + 1) =
+2x as wide at n 3)? Run in the folder of the combined report's results.jsonl."""
+import json
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root
+from eval import intervals  # noqa: E402
+
+records = [json.loads(line) for line in open("results.jsonl")]
+TASKS = [("passkey", ""), ("multikey", "_multikey"), ("passkey7", "_passkey7"),
+         ("mk2", "_mk2"), ("mk3", "_mk3"), ("mv", "_mv")]
+
+
+def at_train(grid):
+    cells = [c for c in grid["cells"] if c["length"] == grid["train_length"]]
+    return sum(c["exact"] * c["examples"] for c in cells) / sum(c["examples"] for c in cells)
+
+
+counts = {"mean": 0, "new seed": 0}
+total = 0
+for mixer in ["softmax", "hybrid"]:
+    runs = sorted((r for r in records if r["mixer"] == mixer and abs(r["lr"] - 3e-4) < 1e-9),
+                  key=lambda r: r["seed"])
+    columns = [(name, lambda m, t=t: at_train(m["grid" + t])) for name, t in TASKS]
+    columns.append(("passkey grid", lambda m: m["exact"]))
+    for name, value in columns:
+        vals = [value(r["metrics"]) for r in runs]
+        old, new = vals[:3], vals[3:]
+        mean_iv, seed_iv = intervals.mean_interval(old), intervals.prediction_interval(old)
+        in_mean = sum(mean_iv.lo <= y <= mean_iv.hi for y in new)
+        in_seed = sum(seed_iv.lo <= y <= seed_iv.hi for y in new)
+        counts["mean"] += in_mean
+        counts["new seed"] += in_seed
+        total += len(new)
+        print(f"{mixer:8s} {name:13s} seeds 0-2 {mean_iv.mean:.3f}: mean [{mean_iv.lo:.3f}, "
+              f"{mean_iv.hi:.3f}], new seed [{seed_iv.lo:.3f}, {seed_iv.hi:.3f}]; seeds 3-5 "
+              f"{' '.join(f'{y:.3f}' for y in new)}: inside {in_mean}/3, {in_seed}/3")
+print(f"inside the mean's interval {counts['mean']} of {total}; inside the new-seed "
+      f"interval {counts['new seed']} of {total}")
