@@ -424,9 +424,14 @@ def niah_tasks_table(best: dict) -> str:
     the best mixer of the same setting and width ([best], [tie], [?]: eval.intervals);
     multi-value tasks also by value (RULER's string_match_all). "" when the records hold
     no task beyond passkey and multi-key."""
-    entries = [(key, b["lr"], b["records"]) for key, b in sorted(best.items())
-               if key[0] == "niah"]
-    return _niah_tasks(entries, lambda key, lr: (key[1], key[3]), basic_tasks_too=False)
+    return _niah_tasks(_niah_best_lr_entries(best), lambda key, lr: (key[1], key[3]),
+                       basic_tasks_too=False)
+
+
+def _niah_best_lr_entries(best: dict) -> list[tuple]:
+    """(key, lr, records) of each NIAH point at its best lr, in key order."""
+    return [(key, b["lr"], b["records"]) for key, b in sorted(best.items())
+            if key[0] == "niah"]
 
 
 def niah_same_lr_table(best: dict) -> str:
@@ -452,10 +457,8 @@ def niah_new_seed_table(best: dict) -> str:
     seed should land (eval.intervals.prediction_interval, 95%), the interval a re-run
     with an unused seed is checked against; the mean's interval (the tables above) holds
     a new seed only about 5 times in 6 at 3 seeds."""
-    entries = [(key, b["lr"], b["records"]) for key, b in sorted(best.items())
-               if key[0] == "niah"]
-    return _niah_tasks(entries, lambda key, lr: (key[1], key[3]), basic_tasks_too=True,
-                       new_seed=True)
+    return _niah_tasks(_niah_best_lr_entries(best), lambda key, lr: (key[1], key[3]),
+                       basic_tasks_too=True, new_seed=True)
 
 
 def _niah_tasks(entries: Sequence[tuple], group_of, basic_tasks_too: bool,
@@ -490,10 +493,11 @@ def _niah_tasks(entries: Sequence[tuple], group_of, basic_tasks_too: bool,
                 vals.append(_at_length_of(grid, grid.get("train_length"), metric))
             ivs[key, lr, col] = interval(v for v in vals if v is not None)
     marks = {}
-    for col in ([] if new_seed else columns):
-        col_marks = marks_within({(key, lr): ivs[key, lr, col] for key, lr, _ in rows},
-                                 lambda key_lr: group_of(*key_lr))
-        marks.update({(key, lr, col): m for (key, lr), m in col_marks.items()})
+    if not new_seed:  # a new seed's interval is where one run lands: nothing to rank
+        for col in columns:
+            col_marks = marks_within({(key, lr): ivs[key, lr, col] for key, lr, _ in rows},
+                                     lambda key_lr: group_of(*key_lr))
+            marks.update({(key, lr, col): m for (key, lr), m in col_marks.items()})
     table = []
     for key, lr, _ in rows:
         _, setting, mixer, size = key

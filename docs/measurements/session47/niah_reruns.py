@@ -7,16 +7,16 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the repository root
-from eval import intervals  # noqa: E402
+from eval import intervals, report  # noqa: E402
 
 records = [json.loads(line) for line in open("results.jsonl")]
-TASKS = [("passkey", ""), ("multikey", "_multikey"), ("passkey7", "_passkey7"),
-         ("mk2", "_mk2"), ("mk3", "_mk3"), ("mv", "_mv")]
+TASKS = ["passkey", "multikey", "passkey7", "mk2", "mk3", "mv"]
 
 
-def at_train(grid):
-    cells = [c for c in grid["cells"] if c["length"] == grid["train_length"]]
-    return sum(c["exact"] * c["examples"] for c in cells) / sum(c["examples"] for c in cells)
+def at_train(metrics, task):
+    """Exact match at the training length, as the report's task tables read it."""
+    grid = report.niah_task_grids(metrics)[task]
+    return report._at_length_of(grid, grid["train_length"], "exact")
 
 
 counts = {"mean": 0, "new seed": 0}
@@ -24,7 +24,7 @@ total = 0
 for mixer in ["softmax", "hybrid"]:
     runs = sorted((r for r in records if r["mixer"] == mixer and abs(r["lr"] - 3e-4) < 1e-9),
                   key=lambda r: r["seed"])
-    columns = [(name, lambda m, t=t: at_train(m["grid" + t])) for name, t in TASKS]
+    columns = [(task, lambda m, t=task: at_train(m, t)) for task in TASKS]
     columns.append(("passkey grid", lambda m: m["exact"]))
     for name, value in columns:
         vals = [value(r["metrics"]) for r in runs]
