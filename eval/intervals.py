@@ -74,15 +74,38 @@ def mean_interval(values: Iterable[float]) -> Interval:
     return Interval(mean, t975(n - 1) * math.sqrt(var / n), n)
 
 
-def prediction_interval(values: Iterable[float]) -> Interval:
+def prediction_interval(values: Iterable[float], trials: int | None = None) -> Interval:
     """Where one more seed's value should land, 95%: mean +- t(0.975, n - 1) * s *
     sqrt(1 + 1/n) over the finite `values` (the new value's own spread s beside the
     mean's s / sqrt(n)). A re-run with an unused seed is checked against this interval,
     not the mean's: at n 3 the mean's interval holds a new seed only about 5 times in 6.
     Both assume the seeds' values are normal; an early stop (MQAR's at 0.99) bunches
-    them below 1, so read it as approximate there. Fewer than 2 values: half NaN."""
+    them below 1, so read it as approximate there. Fewer than 2 values: half NaN.
+
+    trials: where each value is a fraction of `trials` examples scored right or wrong
+    (an accuracy), the half-width is at least the one the binomial spread alone gives,
+    Z975 * binomial_spread(mean, trials) * sqrt(1 + 1/n) (a known spread: the normal
+    quantile, not t): a new seed's value varies at least by which of its examples it
+    gets wrong, and a few seeds that agree by chance (three at 0.999) understate that
+    spread (session 47: re-runs outside such intervals by 0.001-0.005)."""
     iv = mean_interval(values)
-    return Interval(iv.mean, iv.half * math.sqrt(iv.n + 1), iv.n)
+    if not iv.decided:
+        return Interval(iv.mean, math.nan, iv.n)
+    half = iv.half * math.sqrt(iv.n)  # t * s
+    if trials:
+        half = max(half, Z975 * binomial_spread(iv.mean, trials))
+    return Interval(iv.mean, half * math.sqrt(1 + 1 / iv.n), iv.n)
+
+
+def binomial_spread(fraction: float, trials: int) -> float:
+    """The standard deviation of the fraction right of `trials` independent examples
+    each right with probability p, sqrt(p (1 - p) / trials), at Agresti and Coull's
+    p = (fraction * trials + 2) / (trials + 4): never 0, so a fraction of 1.000 over
+    2,496 examples still has one (0.0006), as the exact binomial's interval does."""
+    if trials < 1:
+        raise ValueError(f"binomial_spread: trials={trials}; need at least one example")
+    p = (min(max(fraction, 0.0), 1.0) * trials + 2) / (trials + 4)
+    return math.sqrt(p * (1 - p) / trials)
 
 
 def overlap(a: Interval, b: Interval) -> bool:

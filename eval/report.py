@@ -270,8 +270,9 @@ def by_seed_table(best: dict, task: str, metric: str | None = None) -> str:
     each seed, "seed: value" in seed order. MQAR learning is a sudden drop whose step
     varies by seed, so a mean with a wide interval is often one run that never learned the
     task beside runs that did; the means alone cannot say which. Last, where one more
-    seed should land (eval.intervals.prediction_interval, 95%): what a re-run with an
-    unused seed is checked against, twice as wide as the mean's interval at 3 seeds."""
+    seed should land (eval.intervals.prediction_interval, 95%, its spread at least the
+    binomial one of the queries scored): what a re-run with an unused seed is checked
+    against, twice as wide as the mean's interval at 3 seeds."""
     name, _ = primary(task, metric)
     cells, counts = [], {}
     for key, b in sorted(best.items()):
@@ -280,7 +281,8 @@ def by_seed_table(best: dict, task: str, metric: str | None = None) -> str:
         runs = sorted(b["records"], key=lambda r: r.get("seed", 0))
         values = [metric_value(r, name) for r in runs]
         counts[key] = learned_count(values)
-        new_seed = intervals.prediction_interval(v for v in values if v is not None)
+        new_seed = intervals.prediction_interval([v for v in values if v is not None],
+                                                 trials=_scored_queries(runs, name))
         cells.append((key, b["lr"], ", ".join(
             f"{r.get('seed')}: {_fmt(v)}" for r, v in zip(runs, values)),
             _bounds(new_seed)))
@@ -291,6 +293,15 @@ def by_seed_table(best: dict, task: str, metric: str | None = None) -> str:
                      f"seeds >= {LEARNED_AT:g}",
                      "against the most reliable (Fisher's exact)", "a new seed, 95%"],
                     sorted(rows))
+
+
+def _scored_queries(runs: Sequence[dict], name: str) -> int | None:
+    """The fewest queries a run's accuracy was scored on (MQAR's `queries`), the trials of
+    its binomial floor; None for other metrics or where a record does not say."""
+    counts = [r.get("metrics", {}).get("queries") for r in runs]
+    if name != "accuracy" or not counts or any(not c for c in counts):
+        return None
+    return int(min(counts))
 
 
 def _bounds(iv: intervals.Interval) -> str:
@@ -417,6 +428,15 @@ def _at_length_of(grid: dict, length: int | None, key: str):
     return sum(vals) / len(vals) if vals else None
 
 
+def _examples_at_length_of(grid: dict, length: int | None) -> int | None:
+    """The examples a grid scored at one length, over its depths (None if its cells do
+    not say)."""
+    counts = [c.get("examples") for c in grid.get("cells", []) if int(c["length"]) == length]
+    if not counts or any(c is None for c in counts):
+        return None
+    return int(sum(counts))
+
+
 def niah_tasks_table(best: dict) -> str:
     """Per (mixer, size, setting) at its best lr, one column per NIAH task evaluated
     (configs/compare_niah.py:ruler's passkey, multikey, passkey7, mk2, mk3, mv): exact
@@ -454,9 +474,10 @@ def niah_same_lr_table(best: dict) -> str:
 
 def niah_new_seed_table(best: dict) -> str:
     """Every NIAH task at the training length, at each mixer's best lr: where one more
-    seed should land (eval.intervals.prediction_interval, 95%), the interval a re-run
-    with an unused seed is checked against; the mean's interval (the tables above) holds
-    a new seed only about 5 times in 6 at 3 seeds."""
+    seed should land (eval.intervals.prediction_interval, 95%, its spread at least the
+    binomial one of the examples scored), the interval a re-run with an unused seed is
+    checked against; the mean's interval (the tables above) holds a new seed only about
+    5 times in 6 at 3 seeds."""
     return _niah_tasks(_niah_best_lr_entries(best), lambda key, lr: (key[1], key[3]),
                        basic_tasks_too=True, new_seed=True)
 
@@ -469,7 +490,6 @@ def _niah_tasks(entries: Sequence[tuple], group_of, basic_tasks_too: bool,
     (group_of(key, lr)), or with new_seed the unmarked prediction interval of one more
     seed. basic_tasks_too=False: "" when the records hold no task beyond passkey and
     multi-key (niah_summary_table has them)."""
-    interval = intervals.prediction_interval if new_seed else intervals.mean_interval
     rows, names = [], []
     for key, lr, records in entries:
         grids = [niah_task_grids(r["metrics"]) for r in records]
@@ -487,11 +507,19 @@ def _niah_tasks(entries: Sequence[tuple], group_of, basic_tasks_too: bool,
     for key, lr, grids in rows:
         for col in columns:
             n, metric, _ = col
-            vals = []
+            vals, trials = [], []
             for g in grids:
                 grid = g.get(n, {})
                 vals.append(_at_length_of(grid, grid.get("train_length"), metric))
-            ivs[key, lr, col] = interval(v for v in vals if v is not None)
+                trials.append(_examples_at_length_of(grid, grid.get("train_length")))
+            vals = [v for v in vals if v is not None]
+            if new_seed:
+                # the fewest examples a seed was scored on (a per-value score counts its
+                # examples too: the values of one example are not independent)
+                fewest = min((t for t in trials if t), default=None)
+                ivs[key, lr, col] = intervals.prediction_interval(vals, trials=fewest)
+            else:
+                ivs[key, lr, col] = intervals.mean_interval(vals)
     marks = {}
     if not new_seed:  # a new seed's interval is where one run lands: nothing to rank
         for col in columns:
@@ -615,8 +643,9 @@ def _mean(vals):
 EVERY_LR_TITLE = ("### Every lr (the tables above show each mixer at its best lr; "
                   "here every lr it ran)")
 NEW_SEED_TITLE = ("### Where one more seed should land (95% prediction interval at the "
-                  "best lr, every task at the training length; a re-run with an unused "
-                  "seed is checked against it)")
+                  "best lr, its spread at least the binomial one of the examples scored; "
+                  "every task at the training length; a re-run with an unused seed is "
+                  "checked against it)")
 SAME_LR_TITLE = ("### Every NIAH task with the mixers at one lr (each lr two or more "
                  "mixers ran; marks against the best at that lr)")
 

@@ -337,3 +337,35 @@ def test_niah_same_lr_table_compares_mixers_at_each_shared_lr():
     apart = [r for r in recs if r["lr"] != 3e-4]
     assert report.niah_same_lr_table(report.best_lr(apart)) == ""
     assert "with the mixers at one lr" not in report.markdown(apart, title="t")
+
+
+def test_new_seed_intervals_are_at_least_the_binomial_ones_of_the_examples_scored():
+    """Where the records say how many examples (NIAH cells' `examples`) or queries (MQAR's
+    `queries`) a value is a fraction of, one more seed's interval is at least the one the
+    binomial spread of that many gives (eval.intervals.prediction_interval's trials):
+    three seeds at 1.000 no longer give [1.000, 1.000]."""
+    def grid(kind, at_train, examples):
+        return {"kind": kind, "train_length": 512,
+                "cells": [{"length": 512, "depth": d, "exact": at_train,
+                           "examples": examples} for d in (0.0, 0.5)]
+                + [{"length": 1024, "depth": 0.0, "exact": 0.0, "examples": 7}]}
+
+    recs = [{"task": "niah", "setting": "L512", "mixer": "a", "size": "d8", "lr": 1e-3,
+             "seed": seed, "metrics": {"exact": 1.0, "grid": grid("passkey", 1.0, 416),
+                                       "grid_mv": grid("mv", mv, 416)}}
+            for seed, mv in enumerate((0.0, 0.02, 0.04))]
+    rows = [line.split(" | ") for line in
+            report.niah_new_seed_table(report.best_lr(recs)).splitlines()[2:]]
+    # passkey: 832 examples at the training length (two depths of 416), s = 0: 1.0 +-
+    # 1.959964 x 0.00169366 x sqrt(4/3) = 1.0 +- 0.003833; mv: the seeds' spread is
+    # larger (0.02 +- 0.099364, as without the examples)
+    assert rows == [["| a", "d8", "L512", "0.001", "[0.996, 1.004] (n 3)",
+                     "[-0.079, 0.119] (n 3) |"]]
+    mqar = [_rec("a", "d64", 1e-3, seed, 1.0) for seed in range(3)]
+    for r in mqar:
+        r["metrics"]["queries"] = 832
+    lines = report.by_seed_table(report.best_lr(mqar), "mqar").splitlines()
+    assert lines[2].endswith("| [0.996, 1.004] (n 3) |")
+    del mqar[0]["metrics"]["queries"]  # a record that does not say: no floor
+    lines = report.by_seed_table(report.best_lr(mqar), "mqar").splitlines()
+    assert lines[2].endswith("| [1.000, 1.000] (n 3) |")
