@@ -86,8 +86,8 @@ def prediction_interval(values: Iterable[float], trials: int | None = None) -> I
     (an accuracy), the half-width is at least the one the binomial spread alone gives,
     Z975 * binomial_spread(mean, trials) * sqrt(1 + 1/n) (a known spread: the normal
     quantile, not t): a new seed's value varies at least by which of its examples it
-    gets wrong, and a few seeds that agree by chance (three at 0.999) understate that
-    spread (session 47: re-runs outside such intervals by 0.001-0.005)."""
+    gets wrong, and a few seeds that agree by chance (three at 1.000) understate that
+    spread. Seeds that differ more than their examples do are untouched."""
     iv = mean_interval(values)
     if not iv.decided:
         return Interval(iv.mean, math.nan, iv.n)

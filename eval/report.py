@@ -297,7 +297,8 @@ def by_seed_table(best: dict, task: str, metric: str | None = None) -> str:
 
 def _scored_queries(runs: Sequence[dict], name: str) -> int | None:
     """The fewest queries a run's accuracy was scored on (MQAR's `queries`), the trials of
-    its binomial floor; None for other metrics or where a record does not say."""
+    its binomial floor (the queries of one example are not independent, so the floor is
+    a low one); None for other metrics or where a record does not say."""
     counts = [r.get("metrics", {}).get("queries") for r in runs]
     if name != "accuracy" or not counts or any(not c for c in counts):
         return None
