@@ -299,8 +299,15 @@ def _scored_queries(runs: Sequence[dict], name: str) -> int | None:
     """The fewest queries a run's accuracy was scored on (MQAR's `queries`), the trials of
     its binomial floor (the queries of one example are not independent, so the floor is
     a low one); None for other metrics or where a record does not say."""
-    counts = [r.get("metrics", {}).get("queries") for r in runs]
-    if name != "accuracy" or not counts or any(not c for c in counts):
+    if name != "accuracy":
+        return None
+    return _fewest([r.get("metrics", {}).get("queries") for r in runs])
+
+
+def _fewest(counts: Sequence[int | None]) -> int | None:
+    """The smallest of the runs' example counts, the trials of a binomial floor; None
+    when there are none or any run does not say (no floor rather than a guessed one)."""
+    if not counts or any(not c for c in counts):
         return None
     return int(min(counts))
 
@@ -515,10 +522,10 @@ def _niah_tasks(entries: Sequence[tuple], group_of, basic_tasks_too: bool,
                 trials.append(_examples_at_length_of(grid, grid.get("train_length")))
             vals = [v for v in vals if v is not None]
             if new_seed:
-                # the fewest examples a seed was scored on (a per-value score counts its
-                # examples too: the values of one example are not independent)
-                fewest = min((t for t in trials if t), default=None)
-                ivs[key, lr, col] = intervals.prediction_interval(vals, trials=fewest)
+                # a per-value score counts its examples too: the values of one example
+                # are not independent
+                ivs[key, lr, col] = intervals.prediction_interval(
+                    vals, trials=_fewest(trials))
             else:
                 ivs[key, lr, col] = intervals.mean_interval(vals)
     marks = {}

@@ -361,6 +361,11 @@ def test_new_seed_intervals_are_at_least_the_binomial_ones_of_the_examples_score
     # larger (0.02 +- 0.099364, as without the examples)
     assert rows == [["| a", "d8", "L512", "0.001", "[0.996, 1.004] (n 3)",
                      "[-0.079, 0.119] (n 3) |"]]
+    # a seed whose cells do not say how many examples they scored: no floor, as for MQAR
+    del recs[0]["metrics"]["grid"]["cells"][0]["examples"]
+    rows = [line.split(" | ") for line in
+            report.niah_new_seed_table(report.best_lr(recs)).splitlines()[2:]]
+    assert rows[0][4] == "[1.000, 1.000] (n 3)"
     mqar = [_rec("a", "d64", 1e-3, seed, 1.0) for seed in range(3)]
     for r in mqar:
         r["metrics"]["queries"] = 832
